@@ -1,0 +1,12 @@
+"""tiled_attn: FlashAttention-style tiled attention and online softmax for PyTorch.
+
+Public API (DESIGN §3): softmax, softmax_kernels, attention, scaled_dot_product_attention, nn,
+integrations.
+"""
+from . import integrations, nn
+from .attention import attention, scaled_dot_product_attention
+from .softmax import softmax, softmax_kernels
+
+__all__ = ["softmax", "softmax_kernels", "attention", "scaled_dot_product_attention", "nn",
+           "integrations"]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Modules for transformer code (placeholder until ta.nn.Attention lands)."""

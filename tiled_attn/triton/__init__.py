@@ -1,0 +1,1 @@
+"""Triton kernels. online.py holds the online-softmax state; the kernels import it."""
