@@ -1,10 +1,18 @@
-"""Test-wide settings: outputs are NaN-poisoned, hypothesis runs a CI-sized profile."""
+"""Test-wide settings: outputs are NaN-poisoned, hypothesis runs a CI-sized profile, and on a
+machine without CUDA the Triton kernels run in Triton's CPU interpreter."""
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+import torch
 
-from tiled_attn import _checks
+# Must be set before any @triton.jit kernel module is imported (tiled_attn imports them lazily), so
+# `python -m pytest` is the one test command on a GPU machine and on a CPU-only one alike.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from tiled_attn import _checks  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

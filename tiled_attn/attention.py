@@ -122,34 +122,54 @@ def _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) -> str | None:
     return None
 
 
+def _torch_layout(query, key, value, enable_gqa) -> bool:
+    """True when torch's broadcasting (matmul) semantics differ from our (B, H, N, D) batching:
+    fewer than 3 dims, leading dims that differ (broadcast), k/v shapes that differ before the head
+    dim, or heads that differ without enable_gqa other than a single shared k/v head (which torch
+    broadcasts, i.e. MQA, which our kernels compute as GQA)."""
+    if min(t.dim() for t in (query, key, value)) < 3 or not query.dim() == key.dim() == value.dim():
+        return True
+    if not query.shape[:-3] == key.shape[:-3] == value.shape[:-3]:
+        return True
+    if key.shape[:-1] != value.shape[:-1]:
+        return True
+    hq, hk = query.shape[-3], key.shape[-3]
+    return not (hq == hk or hk == 1 or enable_gqa)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention's signature and meaning, on our kernels.
 
     `is_causal` is top-left aligned, as in torch (query i sees key j iff j <= i). Inputs are
-    (..., H, L, E) like torch's. GQA (fewer key/value heads) needs `enable_gqa=True`, as in torch.
+    (..., H, L, E) like torch's. GQA (fewer key/value heads) needs `enable_gqa=True`, as in torch;
+    without it, heads that differ raise ValueError unless one side has a single head (torch
+    broadcasts it).
 
     Calls with anything our kernels do not cover go to torch's own SDPA, so the result always has
     torch's meaning: a tensor `attn_mask`, `dropout_p > 0`, inputs that require grad while grad
-    is enabled (we have no backward yet), a value head dim different from the query's, or a head
-    dim over 256.
+    is enabled (we have no backward yet), a value head dim different from the query's, a head
+    dim over 256, float64, and shapes that only torch's broadcasting gives a meaning to (fewer
+    than 3 dims, leading dims of different sizes, a query with one head against several).
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         _checks.check_tensor(name, t)
-        if t.dim() < 3:
-            raise ValueError(f"{name} must have at least 3 dims (..., L, E), got shape {tuple(t.shape)}")
     if attn_mask is not None and is_causal:
         raise ValueError("attn_mask and is_causal cannot both be set (as in torch)")
-    if not enable_gqa and query.shape[-3] != key.shape[-3]:
+    if (not enable_gqa and min(t.dim() for t in (query, key)) >= 3
+            and query.shape[-3] != key.shape[-3] and 1 not in (query.shape[-3], key.shape[-3])):
         raise ValueError(f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
                          "enable_gqa=True for grouped-query attention (as in torch)")
-    if _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) is not None:
+    if (_torch_layout(query, key, value, enable_gqa)
+            or _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) is not None):
         kwargs = {"enable_gqa": enable_gqa} if enable_gqa else {}
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
                                               dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                               **kwargs)
     batch_shape = query.shape[:-3]
-    q, k, v = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (query, key, value))
+    # An explicit batch size, not -1: a reshape of an empty tensor cannot infer it.
+    b = math.prod(batch_shape)
+    q, k, v = (t.reshape((b,) + tuple(t.shape[-3:])) for t in (query, key, value))
     _checks.check_attention(q, k, v, scale, None)
     out, _ = _forward(q, k, v, scale, bool(is_causal), 0, None)
     return out.reshape(batch_shape + out.shape[1:])

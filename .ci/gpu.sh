@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
+#   bash .ci/gpu.sh STAGE...      stages: info build test sanitize tune bench
+# Each stage logs in full under $OUT (or ./gpu-out); a short summary is printed last.
+set -uo pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
+summary=()
+stage() {  # stage NAME TIMEOUT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)")")
+  return 0
+}
+for s in "$@"; do
+  case "$s" in
+    info) stage info 60 bash -c 'nvidia-smi; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; nvcc --version | tail -2' ;;
+    build) stage build 300 python -c "import time; t=time.time(); from tiled_attn.cuda import _build; _build.load(); print('extension built in %.0fs' % (time.time()-t))" ;;
+    test) stage test "${TEST_TIMEOUT:-420}" python -m pytest -q -n 8 -p no:cacheprovider ${TEST_ARGS:-} ;;
+    sanitize)
+      stage memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --attention
+      stage racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitize.py --attention ;;
+    tune) stage tune 300 python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ;;
+    bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;
+    *) echo "unknown stage $s" >&2 ;;
+  esac
+done
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,853 @@
+"""The one benchmark harness. Suites declare shapes and providers; everything else happens here.
+
+For every (case, provider) of a suite:
+  1. a provider that is unavailable on this machine (backend not built, no GPU) or that declines the
+     case is recorded as such, never run;
+  2. it runs once on the case's first input set; an exception is recorded as `unsupported` (a
+     ValueError/TypeError/NotImplementedError/RuntimeError: the documented way to refuse a case,
+     e.g. SDPA's "No available kernel") or `error` (anything else), with its message;
+  3. its output is checked with DESIGN §4's rule against a reference computed once per case:
+     e_ours = max|ours − ref| must be ≤ 2·e_torch + eps(dtype), where e_torch is torch's own op in
+     the input dtype against the same reference, and NaN/±inf must sit exactly where the
+     reference has them. A provider that fails is recorded FAILED with both errors and NOT timed;
+  4. only then is it timed: median over repeats, after warm-up, cycling several input sets so no
+     repeat finds its inputs in L2 (see `rotation_sets`), on the GPU inside a CUDA graph so that
+     Python launch overhead is not counted (falling back to per-call CUDA events when a provider
+     cannot be captured; the mode used is recorded per row). Peak extra memory of one call
+     (torch.cuda.max_memory_allocated delta, output included) is recorded.
+
+The reference is the float64 op (tiled_attn.reference) on the already-rounded inputs, like
+tests/helpers.py, but computed on the device (a float64 CPU copy of a 67M-element tensor would cost
+more than the timing). The one exception is the GPU attention grid, whose float64 scores would not
+fit: above 2^30 score elements the reference runs in float32 (no TF32), chunked over heads. Its own
+error (~1e-6 relative) is three orders of magnitude below bf16's eps (7.8e-3), so it cannot move a
+verdict; each record names the reference dtype it was checked against.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+import tiled_attn as ta
+from tiled_attn import _checks, reference
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp64": torch.float64}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+# Status of one (case, provider) record.
+OK, FAILED, UNSUPPORTED, ERROR, UNAVAILABLE, SKIPPED = (
+    "ok", "FAILED", "unsupported", "error", "unavailable", "skipped")
+# Exceptions that mean "this provider does not cover this case" rather than "it crashed".
+REFUSALS = (ValueError, TypeError, NotImplementedError, RuntimeError)
+
+# Score elements above which the attention reference runs in float32 instead of float64, and the
+# element budget of one reference chunk (1 GiB of float32 scores).
+REF_FLOAT64_MAX_SCORES = 1 << 30
+REF_CHUNK_ELEMS = 1 << 28
+
+
+class DeviceLost(RuntimeError):
+    """The CUDA context is unusable (e.g. an illegal address in a kernel): stop measuring."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Declarations: what a suite file writes
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """An operation: how to make inputs, the reference, torch's own op, and what is counted."""
+    name: str
+    unit: str                                   # "GB/s" or "TFLOP/s"
+    ceiling: str                                # key of the ceiling the % column divides by
+    make_inputs: Callable[[dict, torch.device, torch.Generator], tuple]
+    reference: Callable[[dict, tuple], tuple]   # -> (reference output, reference dtype name)
+    torch_output: Callable[[dict, tuple], torch.Tensor]
+    work: Callable[[dict], float]               # bytes (GB/s) or FLOPs (TFLOP/s) of one call
+    label: Callable[[dict], str]
+    convention: str                             # one sentence: what `work` counts
+
+
+@dataclass
+class Provider:
+    """One line of a plot: `fn(case, inputs) -> output`. `role` is "ours" or "baseline"."""
+    name: str
+    fn: Callable[[dict, tuple], Any]
+    role: str = "ours"
+    available: Callable[[torch.device], str | None] | None = None   # None if usable, else why not
+    supports: Callable[[dict], str | None] | None = None             # None if it covers the case
+    graphable: bool = True
+
+
+@dataclass
+class Expand:
+    """Providers only known at run time (a backend's kernel list); `make()` may raise, which
+    records one unavailable row named `name`."""
+    name: str
+    make: Callable[[torch.device], list]
+
+
+@dataclass(frozen=True)
+class Plot:
+    """kind "lines": metric against `x` (log2 axis), one subplot per (`rows`, `cols`) value;
+    kind "bars": one group of bars per case."""
+    kind: str = "lines"
+    x: str = "N"
+    rows: str | None = None
+    cols: str | None = None
+
+
+@dataclass
+class Suite:
+    name: str
+    title: str
+    op: Op
+    device: str                      # "cuda" or "cpu"
+    shapes: Sequence[dict]
+    dtypes: Sequence[str]
+    providers: Sequence[Provider | Expand]
+    baselines: Sequence[str] = ()    # provider names the ratio columns divide by
+    quick_shapes: Sequence[dict] | None = None
+    plot: Plot = field(default_factory=Plot)
+    notes: str = ""
+
+    def cases(self, quick: bool = False, dtypes: Sequence[str] | None = None) -> list[dict]:
+        shapes = self.quick_shapes if quick and self.quick_shapes else self.shapes
+        return [dict(shape, dtype=d) for d in (dtypes or self.dtypes) for shape in shapes]
+
+
+# ----------------------------------------------------------------------------------------------
+# The numerics rule on the device (DESIGN §4; tests/helpers.assert_rule states it for the tests)
+# ----------------------------------------------------------------------------------------------
+def max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x − ref| where ref is finite; a non-finite x there counts as inf."""
+    finite = torch.isfinite(ref)
+    if not bool(finite.any()):
+        return 0.0
+    d = (x.to(ref.dtype) - ref).abs()
+    d = torch.nan_to_num(d, nan=math.inf, posinf=math.inf)
+    return float(torch.where(finite, d, torch.zeros_like(d)).max())
+
+
+@dataclass
+class Check:
+    ok: bool
+    e_ours: float | None
+    e_torch: float | None
+    tol: float | None
+    message: str = ""
+
+
+def check_rule(out, ref: torch.Tensor, e_torch: float, dtype: torch.dtype) -> Check:
+    if not isinstance(out, torch.Tensor):
+        return Check(False, None, e_torch, None, f"returned {type(out).__name__}, not a tensor")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Check(False, None, e_torch, None,
+                     f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    o = out.detach().to(ref.dtype)
+    nan_o, nan_r = torch.isnan(o), torch.isnan(ref)
+    if not torch.equal(nan_o, nan_r):
+        return Check(False, None, e_torch, None,
+                     f"NaN pattern differs: {int(nan_o.sum())} NaN in output, "
+                     f"{int(nan_r.sum())} in the reference")
+    inf_r = torch.isinf(ref)
+    if bool(inf_r.any()) and not torch.equal(o[inf_r], ref[inf_r]):
+        return Check(False, None, e_torch, None, "±inf entries differ from the reference")
+    e_ours = max_err(o, ref)
+    tol = 2 * e_torch + torch.finfo(dtype).eps
+    if not e_ours <= tol:
+        return Check(False, e_ours, e_torch, tol, f"error {e_ours:.3e} exceeds 2×torch's "
+                     f"{e_torch:.3e} + eps = {tol:.3e}")
+    return Check(True, e_ours, e_torch, tol)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timers
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    ms: float
+    reps: int
+    mode: str
+    peak_bytes: int | None = None
+    note: str = ""
+
+
+def _clamp(v: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, v)))
+
+
+class CudaTimer:
+    """Median of CUDA-event timings. `call(i)` runs the provider on input set i % n_sets.
+
+    Graph mode captures G calls (cycling the sets, G·t ≈ 2 ms so the graph launch is negligible)
+    into one CUDA graph and times replays: the kernel time without Python's launch overhead, which
+    for a 16 MB softmax (~10 µs) would otherwise dominate. Events mode times each eager call.
+    """
+
+    def __init__(self, warmup_ms: float = 5.0, rep_ms: float = 30.0, graphs: bool = True,
+                 min_reps: int = 3):
+        self.warmup_ms, self.rep_ms, self.graphs, self.min_reps = warmup_ms, rep_ms, graphs, min_reps
+
+    def measure(self, call: Callable[[int], Any], n_sets: int = 1, graphable: bool = True) -> Timing:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = call(0)
+        end.record()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del out
+        est = max(start.elapsed_time(end), 1e-3)
+        if est >= self.rep_ms:  # a slow rung (e.g. one thread per row on a 33M-column row):
+            # two eager samples, where Python's launch overhead is noise.
+            start.record()
+            out = call(1 % n_sets)
+            end.record()
+            torch.cuda.synchronize()
+            del out
+            return Timing(statistics.median([est, start.elapsed_time(end)]), 2, "cuda-events",
+                          peak, "slow call: 2 samples")
+        note = ""
+        if self.graphs and graphable:
+            try:
+                return self._graph(call, n_sets, est, peak)
+            except Exception as err:  # capture refused (a host sync, an uncapturable op): eager
+                torch.cuda.synchronize()
+                note = f"graph capture failed ({type(err).__name__}: {str(err)[:120]}); eager events"
+        return self._events(call, n_sets, est, peak, note)
+
+    def _events(self, call, n_sets, est, peak, note) -> Timing:
+        for i in range(_clamp(self.warmup_ms / est, 1, 1000)):
+            call(i % n_sets)
+        n = _clamp(self.rep_ms / est, self.min_reps, 1000)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+        for i, (s, e) in enumerate(ev):
+            s.record()
+            call(i % n_sets)
+            e.record()
+        torch.cuda.synchronize()
+        return Timing(statistics.median(s.elapsed_time(e) for s, e in ev), n, "cuda-events", peak,
+                      note)
+
+    def _graph(self, call, n_sets, est, peak) -> Timing:
+        per_graph = n_sets * max(1, math.ceil(2.0 / (est * n_sets)))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        prev = torch.cuda.get_sync_debug_mode()
+        # A host sync (.item(), a blocking copy) cannot be captured: make torch raise on one in
+        # this eager warm-up (on a side stream before capture, as torch asks) instead of
+        # finding out inside the capture.
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.stream(side):
+                for i in range(min(3, n_sets)):
+                    call(i)
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(per_graph):
+                call(i % n_sets)
+        g_est = est * per_graph
+        for _ in range(_clamp(self.warmup_ms / g_est, 1, 100)):
+            graph.replay()
+        n = _clamp(self.rep_ms / g_est, self.min_reps, 200)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]
+        for s, e in ev:
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        ms = statistics.median(s.elapsed_time(e) for s, e in ev) / per_graph
+        del graph
+        return Timing(ms, n * per_graph, "cuda-graph", peak)
+
+
+class CpuTimer:
+    """Median of perf_counter timings of single calls (the CPU suite: tiny, no rotation)."""
+
+    def __init__(self, warmup_ms: float = 20.0, rep_ms: float = 200.0, min_reps: int = 2):
+        self.warmup_ms, self.rep_ms, self.min_reps = warmup_ms, rep_ms, min_reps
+
+    def measure(self, call: Callable[[int], Any], n_sets: int = 1, graphable: bool = True) -> Timing:
+        t0 = time.perf_counter()
+        call(0)
+        est = max((time.perf_counter() - t0) * 1e3, 1e-3)
+        if est >= self.rep_ms:  # a slow call (the interpreter): its one timing is the figure
+            return Timing(est, 1, "cpu-perf_counter", None)
+        for i in range(_clamp(self.warmup_ms / est, 0, 100)):
+            call(i % n_sets)
+        times = []
+        for i in range(_clamp(self.rep_ms / est, self.min_reps, 1000)):
+            t0 = time.perf_counter()
+            call(i % n_sets)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return Timing(statistics.median(times), len(times), "cpu-perf_counter", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ceilings
+# ----------------------------------------------------------------------------------------------
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+
+
+def measure_ceilings(device: torch.device, timer) -> dict:
+    """Copy bandwidth (read + write bytes of a large device-to-device copy) and the dense matmul
+    rate (8192³ bf16 on random data on the GPU; 1024³ float32 on the CPU)."""
+    cuda = device.type == "cuda"
+    elems = (1 << 27) if cuda else (1 << 24)          # 512 MiB / 64 MiB of float32
+    src = torch.randn(elems, device=device)
+    dst = torch.empty_like(src)
+    t = timer.measure(lambda i: dst.copy_(src), 1, graphable=False)
+    copy_bytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    n, mm_dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=mm_dtype)
+    b = torch.randn(n, n, device=device, dtype=mm_dtype)
+    tm = timer.measure(lambda i: a @ b, 1, graphable=False)
+    del a, b
+    return {
+        "copy_gbps": copy_bytes / (t.ms * 1e-3) / 1e9,
+        "copy_note": f"device-to-device copy of {elems * 4 >> 20} MiB, counting read + write bytes",
+        "matmul_tflops": 2 * n ** 3 / (tm.ms * 1e-3) / 1e12,
+        "matmul_note": f"{n}x{n}x{n} {DTYPE_NAMES[mm_dtype]} matmul on random data",
+        "l2_bytes": l2_bytes(device),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a suite
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RunConfig:
+    device: torch.device
+    timer: Any
+    ceilings: dict
+    seed: int = 0
+    quick: bool = False
+    dtypes: Sequence[str] | None = None
+    provider_filter: Callable[[str], bool] | None = None
+    time_cap_s: float | None = None
+    progress: Callable[..., Any] | None = None    # report.Progress factory (total, title)
+
+
+def rotation_sets(set_bytes: int, device: torch.device) -> int:
+    """Input sets to cycle so that a set is out of L2 when it comes round again: between two uses
+    of a set the n−1 others (≥ 2·L2 − one set ≥ L2 bytes) are read. One set of ≥ 2·L2 evicts its
+    own beginning. The CPU suite is tiny and uses one set."""
+    l2 = l2_bytes(device)
+    if not l2 or set_bytes <= 0:
+        return 1
+    return _clamp(math.ceil(2 * l2 / set_bytes), 1, 64)
+
+
+def _nbytes(inputs: Iterable) -> int:
+    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _describe(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}"
+
+
+def _device_alive(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        torch.zeros(1, device=device).add_(1).item()
+        return True
+    except Exception:
+        return False
+
+
+def expand_providers(suite: Suite, device: torch.device) -> list[tuple[Provider | None, str, str]]:
+    """(provider, name, unavailable reason or "") for every provider the suite declares."""
+    rows = []
+    for p in suite.providers:
+        if isinstance(p, Expand):
+            try:
+                made = p.make(device)
+            except Exception as err:
+                rows.append((None, p.name, _describe(err)))
+                continue
+            items = made
+        else:
+            items = [p]
+        for q in items:
+            reason = q.available(device) if q.available else None
+            rows.append((q, q.name, reason or ""))
+    return rows
+
+
+def _record(suite: Suite, case: dict, name: str, role: str, status: str, **kw) -> dict:
+    rec = {"suite": suite.name, "case": dict(case), "label": suite.op.label(case),
+           "provider": name, "role": role, "status": status, "error": "", "ms": None,
+           "value": None, "unit": suite.op.unit, "pct_ceiling": None, "ratios": {},
+           "e_ours": None, "e_torch": None, "tol": None, "ref_dtype": None, "peak_mb": None,
+           "timing": None, "reps": None, "n_sets": None, "seed": None, "wall_s": None}
+    rec.update(kw)
+    return rec
+
+
+class _CaseData:
+    """Inputs, reference and torch's error for one case, made lazily and shared by providers."""
+
+    def __init__(self, suite: Suite, case: dict, cfg: RunConfig, seed: int):
+        self.suite, self.case, self.cfg, self.seed = suite, case, cfg, seed
+        self.sets: list[tuple] = []
+        self._ref = None
+
+    def _make(self, index: int) -> tuple:
+        gen = torch.Generator(device=self.cfg.device).manual_seed(self.seed + index)
+        return self.suite.op.make_inputs(self.case, self.cfg.device, gen)
+
+    def first(self) -> tuple:
+        if not self.sets:
+            self.sets.append(self._make(0))
+        return self.sets[0]
+
+    def all_sets(self) -> list[tuple]:
+        n = rotation_sets(_nbytes(self.first()), self.cfg.device)
+        while len(self.sets) < n:
+            self.sets.append(self._make(len(self.sets)))
+        return self.sets
+
+    def reference(self):
+        """(ref, ref dtype name, e_torch), computed once per case."""
+        if self._ref is None:
+            inputs = self.first()
+            with _no_tf32():
+                ref, ref_dtype = self.suite.op.reference(self.case, inputs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch_out = self.suite.op.torch_output(self.case, inputs)
+            self._ref = (ref, ref_dtype, max_err(torch_out, ref))
+            del torch_out
+        return self._ref
+
+
+@contextlib.contextmanager
+def _no_tf32():
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
+             advance: Callable[[str], None] = lambda name: None) -> list[dict]:
+    data = _CaseData(suite, case, cfg, seed)
+    dtype = DTYPES[case["dtype"]]
+    records = []
+    for p, name, unavailable in providers:
+        role = p.role if p else "ours"
+        advance(name)
+        t_start = time.perf_counter()
+        if unavailable:
+            records.append(_record(suite, case, name, role, UNAVAILABLE, error=unavailable))
+            continue
+        declined = p.supports(case) if p.supports else None
+        if declined:
+            records.append(_record(suite, case, name, role, UNSUPPORTED, error=declined))
+            continue
+        inputs = data.first()
+        # The reference first: a provider that writes into its inputs then fails the check
+        # instead of corrupting the reference.
+        ref, ref_dtype, e_torch = data.reference()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = p.fn(case, inputs)
+                _sync(cfg.device)
+        except Exception as err:
+            if not _device_alive(cfg.device):
+                raise DeviceLost(f"{suite.name} {suite.op.label(case)} {name}: {_describe(err)}") from err
+            status = UNSUPPORTED if isinstance(err, REFUSALS) else ERROR
+            records.append(_record(suite, case, name, role, status, error=_describe(err)))
+            continue
+        check = check_rule(out, ref, e_torch, dtype)
+        del out
+        common = dict(e_ours=check.e_ours, e_torch=check.e_torch, tol=check.tol,
+                      ref_dtype=ref_dtype, seed=seed)
+        if not check.ok:
+            records.append(_record(suite, case, name, role, FAILED, error=check.message, **common))
+            continue
+        sets = data.all_sets()
+        fn = p.fn
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t = cfg.timer.measure(lambda i: fn(case, sets[i % len(sets)]), len(sets),
+                                      p.graphable)
+        except Exception as err:
+            if not _device_alive(cfg.device):
+                raise DeviceLost(f"{suite.name} {suite.op.label(case)} {name}: {_describe(err)}") from err
+            records.append(_record(suite, case, name, role, ERROR,
+                                   error="while timing: " + _describe(err), **common))
+            continue
+        work = suite.op.work(case)
+        value = work / (t.ms * 1e-3) / (1e9 if suite.op.unit == "GB/s" else 1e12)
+        ceiling = cfg.ceilings.get(suite.op.ceiling)
+        records.append(_record(
+            suite, case, name, role, OK, ms=t.ms, value=value,
+            pct_ceiling=100 * value / ceiling if ceiling else None,
+            peak_mb=None if t.peak_bytes is None else t.peak_bytes / 2 ** 20,
+            timing=t.mode + (f" ({t.note})" if t.note else ""), reps=t.reps, n_sets=len(sets),
+            wall_s=time.perf_counter() - t_start, **common))
+    _add_ratios(records, suite.baselines)
+    return records
+
+
+def _add_ratios(records: list[dict], baselines: Sequence[str]) -> None:
+    """ratio[b] = time of baseline b / time of this provider (> 1: this provider is faster)."""
+    ms = {r["provider"]: r["ms"] for r in records if r["status"] == OK}
+    for r in records:
+        if r["status"] == OK:
+            r["ratios"] = {b: ms[b] / r["ms"] for b in baselines if b in ms and b != r["provider"]}
+
+
+def run_suite(suite: Suite, cfg: RunConfig) -> dict:
+    """All cases × providers of `suite`; returns the suite's result (records + timing)."""
+    t0 = time.perf_counter()
+    providers = [row for row in expand_providers(suite, cfg.device)
+                 if cfg.provider_filter is None or cfg.provider_filter(row[1])]
+    cases = suite.cases(cfg.quick, cfg.dtypes)
+    bar = cfg.progress(len(cases) * len(providers), suite.name) if cfg.progress else None
+    records, capped, lost = [], False, ""
+    for ci, case in enumerate(cases):
+        label = suite.op.label(case)
+        if cfg.time_cap_s and time.perf_counter() - t0 > cfg.time_cap_s or lost:
+            capped = capped or not lost
+            why = lost or f"suite time cap of {cfg.time_cap_s:.0f} s reached"
+            for p, name, _ in providers:
+                records.append(_record(suite, case, name, p.role if p else "ours", SKIPPED, error=why))
+            if bar:
+                bar.advance(len(providers), label, "skipped")
+            continue
+        seed = (cfg.seed + 100_003 * ci) & 0x7FFFFFFF
+        try:
+            records += run_case(suite, case, providers, cfg, seed,
+                                (lambda n: bar.advance(1, label, n)) if bar else (lambda n: None))
+        except DeviceLost as err:
+            lost = f"device lost: {err}"
+            records.append(_record(suite, case, "(device)", "ours", ERROR, error=lost))
+        except Exception as err:  # making inputs or the reference failed (e.g. out of memory)
+            if not _device_alive(cfg.device):
+                lost = f"device lost: {label}: {_describe(err)}"
+            records.append(_record(suite, case, "(case)", "ours", ERROR,
+                                   error="inputs/reference: " + _describe(err)))
+        if cfg.device.type == "cuda":
+            torch.cuda.empty_cache()
+    if bar:
+        bar.close()
+    return {"name": suite.name, "title": suite.title, "device": suite.device,
+            "unit": suite.op.unit, "ceiling": suite.op.ceiling, "convention": suite.op.convention,
+            "notes": suite.notes, "baselines": list(suite.baselines),
+            "plot": vars(suite.plot), "elapsed_s": time.perf_counter() - t0, "capped": capped,
+            "device_lost": lost, "records": records}
+
+
+# ----------------------------------------------------------------------------------------------
+# Ops: inputs, references, torch's own op, and what is counted
+# ----------------------------------------------------------------------------------------------
+def _randn(shape, case, device, gen) -> torch.Tensor:
+    return torch.randn(shape, device=device, generator=gen).to(DTYPES[case["dtype"]])
+
+
+def _esize(case) -> int:
+    return torch.empty((), dtype=DTYPES[case["dtype"]]).element_size()
+
+
+def _softmax_label(c):
+    return f"{c['M']}x{c['N']} {c['dtype']}"
+
+
+SOFTMAX = Op(
+    name="softmax", unit="GB/s", ceiling="copy_gbps",
+    make_inputs=lambda c, dev, g: (_randn((c["M"], c["N"]), c, dev, g),),
+    reference=lambda c, inp: (reference.safe_softmax(inp[0].double(), -1), "fp64"),
+    torch_output=lambda c, inp: torch.softmax(inp[0], -1),
+    work=lambda c: 2 * c["M"] * c["N"] * _esize(c),
+    label=_softmax_label,
+    convention="bytes = one read + one write of the M×N tensor; % of the copy bandwidth, which "
+               "also counts read + write",
+)
+
+
+def _softmax_backward_inputs(c, dev, g):
+    y = torch.softmax(_randn((c["M"], c["N"]), c, dev, g), -1)  # the y autograd would save
+    return y, _randn((c["M"], c["N"]), c, dev, g)
+
+
+SOFTMAX_BACKWARD = Op(
+    name="softmax_backward", unit="GB/s", ceiling="copy_gbps",
+    make_inputs=_softmax_backward_inputs,
+    reference=lambda c, inp: (reference.softmax_backward(inp[0].double(), inp[1].double(), -1), "fp64"),
+    torch_output=lambda c, inp: torch._softmax_backward_data(inp[1], inp[0], -1, inp[0].dtype),
+    work=lambda c: 3 * c["M"] * c["N"] * _esize(c),
+    label=_softmax_label,
+    convention="bytes = read y + read dy + write dx (3 × M×N); % of the copy bandwidth "
+               "(read + write)",
+)
+
+
+def attention_reference(q, k, v, causal: bool) -> tuple[torch.Tensor, str]:
+    """reference.attention (float64, or float32 above REF_FLOAT64_MAX_SCORES score elements),
+    chunked over (batch, kv-head) pairs so neither the scores nor the GQA-repeated K/V of one chunk
+    pass REF_CHUNK_ELEMS. Causal is bottom-right aligned (ta.attention's convention; the suites use
+    Nq == Nk or non-causal decode, where torch's top-left is the same)."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    ref_dtype = torch.float64 if b * hq * nq * nk <= REF_FLOAT64_MAX_SCORES else torch.float32
+    q2 = q.reshape(b * hkv, g, nq, d)
+    k2, v2 = k.reshape(b * hkv, 1, nk, d), v.reshape(b * hkv, 1, nk, d)
+    rows = max(1, min(REF_CHUNK_ELEMS // max(1, g * nq * nk), REF_CHUNK_ELEMS // max(1, g * nk * d)))
+    out = torch.empty(q2.shape, dtype=ref_dtype, device=q.device)
+    for r0 in range(0, b * hkv, rows):
+        sl = slice(r0, r0 + rows)
+        out[sl] = reference.attention(q2[sl].to(ref_dtype), k2[sl].to(ref_dtype),
+                                      v2[sl].to(ref_dtype), causal=causal)
+    return out.view(b, hq, nq, d), DTYPE_NAMES[ref_dtype]
+
+
+def _sdpa_default(q, k, v, causal: bool):
+    kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)
+
+
+ATTENTION = Op(
+    name="attention", unit="TFLOP/s", ceiling="matmul_tflops",
+    make_inputs=lambda c, dev, g: tuple(_randn((c["B"], c["H"], c["N"], c["D"]), c, dev, g)
+                                        for _ in range(3)),
+    reference=lambda c, inp: attention_reference(*inp, c["causal"]),
+    torch_output=lambda c, inp: _sdpa_default(*inp, c["causal"]),
+    work=lambda c: 4 * c["B"] * c["H"] * c["N"] ** 2 * c["D"] / (2 if c["causal"] else 1),
+    label=lambda c: f"D={c['D']} N={c['N']} B={c['B']} H={c['H']}"
+                    f"{' causal' if c['causal'] else ''} {c['dtype']}",
+    convention="FLOPs = 4·B·H·N²·D (halved for causal); % of the measured dense matmul rate",
+)
+
+
+DECODE = Op(
+    name="decode", unit="GB/s", ceiling="copy_gbps",
+    make_inputs=lambda c, dev, g: (_randn((c["B"], c["Hq"], 1, c["D"]), c, dev, g),
+                                   _randn((c["B"], c["Hkv"], c["Nk"], c["D"]), c, dev, g),
+                                   _randn((c["B"], c["Hkv"], c["Nk"], c["D"]), c, dev, g)),
+    reference=lambda c, inp: attention_reference(*inp, False),
+    torch_output=lambda c, inp: _sdpa_default(*inp, False),
+    work=lambda c: 2 * c["B"] * c["Hkv"] * c["Nk"] * c["D"] * _esize(c),
+    label=lambda c: f"B={c['B']} Nk={c['Nk']} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']} {c['dtype']}",
+    convention="bytes = the K/V read once (2·B·Hkv·Nk·D·elem); the % compares these read bytes/s "
+               "with the copy's (read + write) bytes/s",
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Providers
+# ----------------------------------------------------------------------------------------------
+def backend_unavailable(backend: str, device: torch.device) -> str | None:
+    """Why `backend` cannot run on `device` in this process, or None (tests/helpers' rule)."""
+    if backend == "torch":
+        return None
+    if backend == "triton":
+        if device.type == "cuda":
+            return None
+        if _checks.triton_interpret():
+            return None
+        return "the Triton backend needs a CUDA device (or TRITON_INTERPRET=1 on the CPU)"
+    if backend == "cuda":
+        if device.type != "cuda":
+            return "the CUDA backend needs a CUDA device"
+        from tiled_attn import cuda
+        return None if cuda.is_available() else "the CUDA extension is not available (not built)"
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def _call_quietly(fn):
+    """Warnings (SDPA's "kernel not used because ...") are reported via the exception instead."""
+    def wrapped(case, inputs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn(case, inputs)
+    return wrapped
+
+
+def ours_softmax(backend: str, *, auto: bool = True,
+                 supports: dict[str, Callable[[dict], str | None]] | None = None) -> Expand:
+    """ta.softmax with backend pinned: the dispatcher's choice (`auto`, named after the backend)
+    and every kernel of ta.softmax_kernels(backend), each as its own line. `supports` maps a
+    kernel name ("*": all) to a rule that declines cases (e.g. a per-column loop on big rows)."""
+    rules = supports or {}
+
+    def make(device):
+        reason = backend_unavailable(backend, device)
+        if reason:
+            return [Provider(backend, None, available=lambda d: reason)]
+        names = ([None] if auto else []) + list(ta.softmax_kernels(backend))
+        return [Provider(backend if k is None else f"{backend}:{k}",
+                         (lambda c, inp, k=k: ta.softmax(inp[0], -1, backend=backend, kernel=k)),
+                         supports=rules.get(k, rules.get("*")))
+                for k in names]
+    return Expand(f"{backend}:*", make)
+
+
+def torch_softmax() -> Provider:
+    return Provider("torch.softmax", lambda c, inp: torch.softmax(inp[0], -1), role="baseline")
+
+
+def _raise_recompile_limits() -> None:
+    # One compiled function sees every shape of a suite (dynamic=False): the default limit of 8
+    # recompiles would silently fall back to eager for the rest.
+    import torch._dynamo.config as dc
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(dc, name):
+            setattr(dc, name, max(getattr(dc, name), 512))
+
+
+def _softmax_last(x):
+    return torch.softmax(x, -1)
+
+
+def compiled_softmax() -> Provider:
+    """torch.compile(torch.softmax), static shapes: one Inductor kernel per (shape, dtype)."""
+    state = {}
+
+    def fn(case, inputs):
+        if "f" not in state:
+            _raise_recompile_limits()
+            state["f"] = torch.compile(_softmax_last, dynamic=False)
+        return state["f"](inputs[0])
+
+    return Provider("torch.compile", fn, role="baseline",
+                    available=lambda d: None if d.type == "cuda" else "GPU suites only")
+
+
+def ours_softmax_backward(backend: str) -> Provider:
+    """The backward op ta.softmax's autograd calls, on fixed (y, dy)."""
+    return Provider(backend, lambda c, inp: torch.ops.tiled_attn.softmax_backward(
+        inp[0], inp[1], -1, backend), available=lambda d: backend_unavailable(backend, d))
+
+
+def torch_softmax_backward() -> Provider:
+    """What autograd of torch.softmax runs: aten._softmax_backward_data(dy, y, dim, dtype)."""
+    return Provider("torch.autograd", lambda c, inp: torch._softmax_backward_data(
+        inp[1], inp[0], -1, inp[0].dtype), role="baseline")
+
+
+def _attention_available(backend: str):
+    def available(device):
+        reason = backend_unavailable(backend, device)
+        if reason or backend != "triton":
+            return reason
+        try:
+            import tiled_attn.triton.attention  # noqa: F401
+        except Exception as err:
+            return f"tiled_attn.triton.attention not importable ({_describe(err)})"
+        return None
+    return available
+
+
+def ours_attention(backend: str, supports: Callable[[dict], str | None] | None = None) -> Provider:
+    return Provider(backend, lambda c, inp: ta.attention(*inp, causal=c.get("causal", False),
+                                                         backend=backend),
+                    available=_attention_available(backend), supports=supports)
+
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+
+
+def sdpa(backend: str | None = None) -> Provider:
+    """torch SDPA pinned to one backend with torch.nn.attention.sdpa_kernel (None: torch's own
+    choice). GQA through enable_gqa=True; a backend that cannot run the case raises (recorded
+    unsupported)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fn(case, inputs):
+        q, k, v = inputs
+        causal = case.get("causal", False)
+        if backend is None:
+            return _sdpa_default(q, k, v, causal)
+        with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
+            return _sdpa_default(q, k, v, causal)
+
+    return Provider("sdpa" if backend is None else f"sdpa-{backend}", _call_quietly(fn),
+                    role="baseline")
+
+
+def _causal_mod(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def flex_attention() -> Provider:
+    """FlexAttention under torch.compile(dynamic=False): compiled once per (shapes, dtype,
+    causal), causal through a block mask built once per shape. The compile (seconds each) happens
+    in the checked first call, never inside the timing."""
+    state: dict = {}
+
+    def fn(case, inputs):
+        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        q, k, v = inputs
+        causal = bool(case.get("causal", False))
+        if "f" not in state:
+            _raise_recompile_limits()
+            state["f"] = torch.compile(flex, dynamic=False)
+        key = (tuple(q.shape), tuple(k.shape), q.dtype, causal)
+        if key not in state:
+            if q.shape[2] != k.shape[2] and causal:
+                raise NotImplementedError("the flex provider's causal mask assumes Nq == Nk")
+            state[key] = (create_block_mask(_causal_mod, None, None, q.shape[2], k.shape[2],
+                                            device=q.device) if causal else None)
+        kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        return state["f"](q, k, v, block_mask=state[key], **kw)
+
+    return Provider("flex", fn, role="baseline",
+                    available=lambda d: None if d.type == "cuda" else "GPU suites only")
+
+
+def tiny(max_elems: int, what: str = "the Triton interpreter") -> Callable[[dict], str | None]:
+    """A `supports` rule for slow providers (the interpreter, per-column loops): tiny cases only."""
+    def supports(case):
+        size = math.prod(v for k, v in case.items() if k in ("M", "N", "B", "H", "Hq", "Nk", "D"))
+        return None if size <= max_elems else f"{what}: cases of <= {max_elems} elements only"
+    return supports
+
+
+def max_cols(limit: int, why: str) -> Callable[[dict], str | None]:
+    """A `supports` rule declining rows longer than `limit` (e.g. one thread per row, where a
+    33M-column row is one thread's serial loop: seconds per call)."""
+    def supports(case):
+        return None if case["N"] <= limit else f"{why}: rows of <= {limit} columns only"
+    return supports

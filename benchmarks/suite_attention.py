@@ -1,0 +1,26 @@
+"""Attention forward grid (issue 6): 32768 tokens (B·N) of H·D = 2048, bf16, against each SDPA
+backend and compiled FlexAttention."""
+from . import harness as h
+
+TOKENS, HIDDEN = 32768, 2048
+
+
+def _shape(n, d, causal):
+    return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal)
+
+
+SHAPES = [_shape(n, d, c) for c in (False, True) for d in (64, 128, 256)
+          for n in (512, 2048, 8192, 16384)]
+QUICK = [_shape(n, 128, c) for c in (False, True) for n in (2048, 8192)]
+
+SUITE = h.Suite(
+    name="attention", title="Attention forward vs SDPA backends and FlexAttention",
+    op=h.ATTENTION, device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("bf16",),
+    providers=[h.ours_attention("triton"), h.ours_attention("cuda"), h.sdpa("flash"),
+               h.sdpa("cudnn"), h.sdpa("efficient"), h.flex_attention()],
+    baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"),
+    plot=h.Plot("lines", x="N", rows="causal", cols="D"),
+    notes="SDPA backends pinned one at a time with torch.nn.attention.sdpa_kernel. FlexAttention: "
+          "torch.compile(flex_attention, dynamic=False), compiled once per shape and mask in its "
+          "checked first call (never timed); causal through a block mask.",
+)

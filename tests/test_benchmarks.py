@@ -1,0 +1,368 @@
+"""The benchmark harness (benchmarks/): check before timing, statuses, writers, the CPU suite.
+
+Everything here runs on the CPU; the one `gpu` test exercises the CUDA-graph timer and its
+fallback to per-call events.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import __main__ as cli
+from benchmarks import harness as h
+from benchmarks import report
+from tiled_attn import reference
+
+from helpers import HAS_CUDA, assert_rule, fresh_seed
+
+BENCH_DIR = Path(h.__file__).resolve().parent
+SUITE_FILES = sorted(BENCH_DIR.glob("suite_*.py"))
+CPU = torch.device("cpu")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class FakeTimer:
+    """Records every measure() call; returns a fixed 1 ms."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def measure(self, call, n_sets=1, graphable=True):
+        self.calls += 1
+        call(0)
+        return h.Timing(1.0, 1, "fake", None)
+
+
+def counted(fn):
+    def wrapped(case, inputs):
+        wrapped.calls += 1
+        return fn(case, inputs)
+    wrapped.calls = 0
+    return wrapped
+
+
+def _softmax(case, inputs):
+    return torch.softmax(inputs[0], -1)
+
+
+def _tiny_suite(providers, baselines=("torch.softmax",), plot=h.Plot("lines", x="N", cols="dtype")):
+    return h.Suite(name="t", title="test suite", op=h.SOFTMAX, device="cpu",
+                   shapes=[dict(M=8, N=64), dict(M=4, N=256)], dtypes=("fp32",),
+                   providers=providers, baselines=baselines, plot=plot)
+
+
+def _cfg(timer, **kw):
+    return h.RunConfig(device=CPU, timer=timer, ceilings={"copy_gbps": 10.0, "matmul_tflops": 1.0},
+                       seed=fresh_seed(), **kw)
+
+
+def _by_provider(result):
+    out: dict = {}
+    for r in result["records"]:
+        out.setdefault(r["provider"], []).append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Check before timing; statuses
+# ----------------------------------------------------------------------------------------------
+def test_wrong_provider_is_failed_and_never_timed():
+    wrong = counted(lambda c, inp: torch.softmax(inp[0], -1) * 1.01)
+    nan_out = counted(lambda c, inp: torch.full_like(inp[0], float("nan")))
+    right = counted(_softmax)
+    timer = FakeTimer()
+    suite = _tiny_suite([h.Provider("wrong", wrong), h.Provider("nan", nan_out),
+                         h.Provider("right", right), h.torch_softmax()])
+    result = h.run_suite(suite, _cfg(timer))
+    recs = _by_provider(result)
+    for name, fn in (("wrong", wrong), ("nan", nan_out)):
+        assert [r["status"] for r in recs[name]] == [h.FAILED, h.FAILED]
+        assert all(r["ms"] is None and r["value"] is None for r in recs[name])
+        assert fn.calls == 2  # the one checked call per case, nothing timed
+    assert all(r["e_ours"] > r["tol"] for r in recs["wrong"])
+    assert "NaN" in recs["nan"][0]["error"]
+    assert [r["status"] for r in recs["right"]] == [h.OK, h.OK]
+    # measured: right and torch.softmax, for each of the two cases; never the failing ones
+    assert timer.calls == 4
+    assert right.calls == 2 + 2  # checked + the fake timer's one call, per case
+    assert recs["right"][0]["ratios"] == {"torch.softmax": 1.0}
+
+
+def test_raising_provider_is_unsupported_or_error_and_unavailable_is_not_called():
+    def refuses(case, inputs):
+        raise NotImplementedError("no kernel for this N")
+
+    def crashes(case, inputs):
+        raise KeyError("bug")
+
+    never = counted(_softmax)
+    timer = FakeTimer()
+    suite = _tiny_suite([h.Provider("refuses", refuses), h.Provider("crashes", crashes),
+                         h.Provider("absent", never, available=lambda d: "not built"),
+                         h.Provider("declines", never, supports=lambda c: "too big"),
+                         h.torch_softmax()])
+    recs = _by_provider(h.run_suite(suite, _cfg(timer)))
+    assert {r["status"] for r in recs["refuses"]} == {h.UNSUPPORTED}
+    assert "NotImplementedError: no kernel for this N" in recs["refuses"][0]["error"]
+    assert {r["status"] for r in recs["crashes"]} == {h.ERROR}
+    assert {r["status"] for r in recs["absent"]} == {h.UNAVAILABLE}
+    assert recs["absent"][0]["error"] == "not built"
+    assert {r["status"] for r in recs["declines"]} == {h.UNSUPPORTED}
+    assert never.calls == 0
+    assert timer.calls == 2  # torch.softmax only
+
+
+def test_expand_that_raises_is_one_unavailable_row():
+    def make(device):
+        raise ImportError("tiled_attn.triton.softmax missing")
+
+    suite = _tiny_suite([h.Expand("triton:*", make), h.torch_softmax()])
+    recs = _by_provider(h.run_suite(suite, _cfg(FakeTimer())))
+    assert {r["status"] for r in recs["triton:*"]} == {h.UNAVAILABLE}
+    assert "missing" in recs["triton:*"][0]["error"]
+
+
+def test_time_cap_skips_remaining_cases():
+    def slow(case, inputs):
+        time.sleep(0.05)
+        return torch.softmax(inputs[0], -1)
+
+    suite = _tiny_suite([h.Provider("slow", slow)], baselines=())
+    result = h.run_suite(suite, _cfg(FakeTimer(), time_cap_s=0.01))
+    assert [r["status"] for r in result["records"]] == [h.OK, h.SKIPPED]
+    assert result["capped"]
+
+
+def test_provider_filter():
+    suite = _tiny_suite([h.Provider("a", _softmax), h.Provider("b", _softmax), h.torch_softmax()])
+    result = h.run_suite(suite, _cfg(FakeTimer(), provider_filter=lambda n: n.startswith("torch")))
+    assert {r["provider"] for r in result["records"]} == {"torch.softmax"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule on the device agrees with tests/helpers.assert_rule; the chunked attention reference
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("perturb", [0.0, 1e-6, 1e-3, 3e-2])
+def test_check_rule_matches_helpers(dtype, perturb):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 300, generator=gen).to(dtype)
+    ref = reference.safe_softmax(x.double(), -1)
+    torch_out = torch.softmax(x, -1)
+    ours = (ref * (1 + perturb * torch.randn(ref.shape, generator=gen, dtype=torch.float64))).to(dtype)
+    ours[0, 0] = ref[0, 0]  # keep dtype rounding everywhere else
+    check = h.check_rule(ours, ref, h.max_err(torch_out, ref), dtype)
+    try:
+        assert_rule(ours, ref, torch_out, dtype=dtype, seed=seed)
+        helpers_ok = True
+    except AssertionError:
+        helpers_ok = False
+    assert check.ok == helpers_ok, (seed, check)
+
+
+def test_check_rule_nonfinite_and_shape():
+    ref = torch.tensor([[0.5, 0.5], [float("nan"), float("nan")]], dtype=torch.float64)
+    good = ref.float()
+    assert h.check_rule(good, ref, 0.0, torch.float32).ok
+    bad = good.clone()
+    bad[0, 0] = float("inf")
+    assert not h.check_rule(bad, ref, 0.0, torch.float32).ok
+    assert not h.check_rule(good[:1], ref, 0.0, torch.float32).ok
+    assert not h.check_rule(torch.zeros(2, 2), ref, 0.0, torch.float32).ok  # NaN rows missing
+    assert not h.check_rule(None, ref, 0.0, torch.float32).ok
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_reference_chunks_agree(monkeypatch, causal):
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(2, 6, 5, 8, generator=gen)
+    k = torch.randn(2, 3, 7, 8, generator=gen)
+    v = torch.randn(2, 3, 7, 8, generator=gen)
+    whole = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+    monkeypatch.setattr(h, "REF_CHUNK_ELEMS", 2 * 5 * 7)  # one (batch, kv-head) row per chunk
+    chunked, dtype = h.attention_reference(q, k, v, causal)
+    assert dtype == "fp64"
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-12)
+    monkeypatch.setattr(h, "REF_FLOAT64_MAX_SCORES", 10)
+    assert h.attention_reference(q, k, v, causal)[1] == "fp32"
+
+
+def test_rotation_sets_exceed_l2(monkeypatch):
+    l2 = 50 << 20
+    monkeypatch.setattr(h, "l2_bytes", lambda device: l2)
+    for set_bytes in (1 << 20, 16 << 20, 40 << 20, 60 << 20, 99 << 20, 100 << 20, 400 << 20):
+        n = h.rotation_sets(set_bytes, CPU)
+        # between two uses of a set, the others (or the set itself, when alone) exceed L2
+        assert (n - 1) * set_bytes >= l2 or set_bytes >= 2 * l2 or n == 64, (set_bytes, n)
+    assert h.rotation_sets(400 << 20, CPU) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Writers
+# ----------------------------------------------------------------------------------------------
+def _run_dict(suites):
+    return {"meta": {"date": "2026-01-01", "device_name": "test", "capability": "cpu",
+                     "torch": torch.__version__, "triton": "x", "cuda": "n/a", "python": "3",
+                     "command": "python -m benchmarks --quick", "seed": 1, "quick": True,
+                     "timing": "fake"},
+            "ceilings": {"cpu": {"copy_gbps": 10.0, "copy_note": "c", "matmul_tflops": 1.0,
+                                 "matmul_note": "m", "l2_bytes": 0}},
+            "suites": suites}
+
+
+@pytest.mark.parametrize("kind", ["lines", "bars"])
+def test_writers_json_markdown_png(tmp_path, kind):
+    wrong = lambda c, inp: torch.zeros_like(inp[0])  # noqa: E731
+    suite = _tiny_suite([h.Provider("ours", _softmax), h.Provider("wrong", wrong),
+                         h.torch_softmax()], plot=h.Plot(kind, x="N", cols="dtype"))
+    result = h.run_suite(suite, _cfg(FakeTimer()))
+    result["records"][0]["e_ours"] = math.inf  # non-finite floats must still give strict JSON
+    run = _run_dict([result])
+
+    path = report.write_json(run, tmp_path / "r.json")
+    loaded = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert loaded == report._jsonable(run)
+    assert loaded["suites"][0]["records"][0]["e_ours"] == "inf"
+
+    png = report.plot_suite(result, run["ceilings"]["cpu"], tmp_path / "p.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    import matplotlib.image
+    assert matplotlib.image.imread(png).ndim == 3
+
+    md = report.write_markdown(run, tmp_path / "r.md", {"t": png.name}).read_text()
+    lines = md.splitlines()
+    assert "`python -m benchmarks --quick`" in md
+    header = next(i for i, l in enumerate(lines) if l.startswith("| case | ours |"))
+    assert lines[header + 1].startswith("|---|")
+    width = lines[header].count("|")
+    body = lines[header + 2:header + 4]
+    assert len(body) == 2 and all(l.count("|") == width for l in body)
+    assert "FAILED" in lines[header + 2]
+    assert "Speed-up over `torch.softmax`" in md and f"]({png.name})" in md
+
+
+def test_plot_with_nothing_measured_is_none(tmp_path):
+    suite = _tiny_suite([h.Provider("absent", _softmax, available=lambda d: "no")], baselines=())
+    result = h.run_suite(suite, _cfg(FakeTimer()))
+    assert report.plot_suite(result, {}, tmp_path / "p.png") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Suite files declare; the harness does the rest
+# ----------------------------------------------------------------------------------------------
+MACHINERY = {"Event", "synchronize", "perf_counter", "do_bench", "measure", "check_rule",
+             "max_err", "run_suite", "run_case", "elapsed_time", "json", "matplotlib", "print",
+             "CUDAGraph", "autograd"}
+
+
+@pytest.mark.parametrize("path", SUITE_FILES, ids=lambda p: p.name)
+def test_suite_files_only_declare(path):
+    src = path.read_text()
+    assert len(src.splitlines()) <= 70, f"{path.name} should be a short declaration"
+    tree = ast.parse(src)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not names & MACHINERY, f"{path.name} uses harness machinery {names & MACHINERY}"
+    imports = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+               for a in n.names}
+    assert imports <= {"harness", "QUICK", "SHAPES"}, imports
+    for node in tree.body:  # module level: constants, small shape helpers and the Suite objects
+        assert isinstance(node, (ast.Expr, ast.ImportFrom, ast.Assign, ast.FunctionDef)), node
+
+
+def test_suites_are_well_formed():
+    suites = cli._load_suites(list(cli.GPU_SUITES) + ["cpu"])
+    assert {s.name for s in suites} >= set(cli.GPU_SUITES)
+    for s in suites:
+        assert isinstance(s, h.Suite)
+        cases = s.cases()
+        assert cases and all(c["dtype"] in h.DTYPES for c in cases)
+        assert len({s.op.label(c) for c in cases}) == len(cases)
+        assert 0 < len(s.cases(quick=True)) <= len(cases)
+        assert all(isinstance(p, (h.Provider, h.Expand)) for p in s.providers)
+        declared = {p.name for p in s.providers if isinstance(p, h.Provider)}
+        assert set(s.baselines) <= declared
+        for c in cases:
+            assert s.op.work(c) > 0
+
+
+def test_gpu_grid_matches_the_issue():
+    from benchmarks import suite_attention, suite_decode, suite_softmax
+    att = suite_attention.SUITE.cases()
+    assert len(att) == 24 and all(c["B"] * c["N"] == 32768 and c["H"] * c["D"] == 2048 for c in att)
+    assert all(c["dtype"] == "bf16" for c in att)
+    sm = suite_softmax.SUITE.cases()
+    assert len(sm) == 18 and {c["M"] * c["N"] for c in sm} <= {1 << 23, 1 << 25, 1 << 26}
+    dec = suite_decode.SUITE.cases()
+    assert {(c["B"], c["Nk"]) for c in dec} == {(b, n) for b in (1, 16) for n in (4096, 32768, 131072)}
+    c = dict(B=16, Hq=32, Hkv=8, Nk=131072, D=128, dtype="bf16")
+    assert h.DECODE.work(c) == 2 * 16 * 8 * 131072 * 128 * 2
+    c = dict(B=2, H=16, N=16384, D=128, causal=True, dtype="bf16")
+    assert h.ATTENTION.work(c) == 2 * 2 * 16 * 16384 ** 2 * 128
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------
+def test_cpu_suite_end_to_end_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t0 = time.perf_counter()
+    rc = cli.main(["--suite", "cpu", "--quick", "--out", str(tmp_path), "--seed", str(fresh_seed())])
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 60, f"the quick CPU suite took {elapsed:.0f} s"
+    (js,) = tmp_path.glob("*.json")
+    run = json.loads(js.read_text())
+    assert [s["name"] for s in run["suites"]] == ["cpu_softmax", "cpu_softmax_backward",
+                                                  "cpu_attention", "cpu_decode"]
+    statuses = {(s["name"], r["provider"]): r["status"] for s in run["suites"] for r in s["records"]}
+    for key in [("cpu_softmax", "torch"), ("cpu_softmax", "torch.softmax"),
+                ("cpu_softmax_backward", "torch"), ("cpu_attention", "torch"),
+                ("cpu_attention", "sdpa"), ("cpu_decode", "torch"), ("cpu_decode", "sdpa")]:
+        assert statuses[key] == h.OK, (key, statuses[key])
+    # exit status 1 exactly when some provider (e.g. an interpreted Triton kernel) was wrong
+    assert rc == (1 if h.FAILED in statuses.values() else 0)
+    assert len(list(tmp_path.glob("*.png"))) == 4
+    assert (js.with_suffix(".md")).read_text().count("| case |") >= 4
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message a CPU-only machine gives")
+def test_gpu_suites_on_cpu_say_so(capsys):
+    assert cli.main(["--suite", "attention"]) == 2
+    assert "need a CUDA GPU" in capsys.readouterr().out
+
+
+def test_list_runs_nothing(capsys):
+    assert cli.main(["--list", "--suite", "cpu,attention", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu_softmax" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the CUDA-graph timer, and its fallback for a provider that cannot be captured
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_timer_graph_and_fallback():
+    def host_sync(case, inputs):  # .item() cannot be captured in a CUDA graph
+        y = torch.softmax(inputs[0], -1)
+        y.sum().item()
+        return y
+
+    suite = h.Suite(name="g", title="gpu", op=h.SOFTMAX, device="cuda",
+                    shapes=[dict(M=4096, N=1024)], dtypes=("bf16",),
+                    providers=[h.torch_softmax(), h.Provider("sync", host_sync)],
+                    baselines=("torch.softmax",))
+    cfg = h.RunConfig(device=torch.device("cuda"), timer=h.CudaTimer(1.0, 5.0),
+                      ceilings={"copy_gbps": 1000.0}, seed=fresh_seed())
+    recs = _by_provider(h.run_suite(suite, cfg))
+    (t,), (s,) = recs["torch.softmax"], recs["sync"]
+    assert t["status"] == s["status"] == h.OK
+    assert t["timing"] == "cuda-graph" and s["timing"].startswith("cuda-events (graph capture failed")
+    assert t["n_sets"] > 1 and t["peak_mb"] > 0 and t["value"] > 0
