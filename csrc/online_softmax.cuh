@@ -159,6 +159,20 @@ struct SumOp {
 // softmax_rescale_o in two verbs. Scores are pre-multiplied by softmax_scale·log2 e by the caller
 // (one FMA per score), so here m is in log2 units and exp is a bare exp2f.
 // ---------------------------------------------------------------------------------------------
+// exp2 on the SFU alone (ex2.approx.ftz.f32, ~2 ulp like exp2f). Outside --use_fast_math exp2f adds a
+// compare and two multiplies per call to keep subnormal results; this flushes a result below 2^-126
+// to 0 instead. Used where the result is a probability next to a row maximum of 1 (AttnRowState::
+// p_ftz), so a flushed term is below 2^-126 of the sum and changes nothing.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);  // host pass of nvcc, and the CPU emulator of the attention kernel
+#endif
+}
+
 struct AttnRowState {
   float m;  // running max of the log2-unit scores (consistent across the threads sharing the row)
   float l;  // this thread's partial sum of exp2(s − m); all-reduced only at finalize
@@ -177,6 +191,8 @@ struct AttnRowState {
   }
   __device__ __forceinline__ float shift() const { return finite_or_zero(m); }
   __device__ __forceinline__ float p(float s) const { return exp2f(s - shift()); }
+  // p() for the per-score hot loop of the attention tile kernel: one SFU op (exp2_ftz above).
+  __device__ __forceinline__ float p_ftz(float s) const { return exp2_ftz(s - shift()); }
   __device__ __forceinline__ void add(float partial_sum) { l += partial_sum; }
 
   // Finalize after the row's threads summed l (warp_allreduce_sum<kWidth>): returns 1/l (0 for a row
@@ -186,6 +202,80 @@ struct AttnRowState {
     lse_out = empty ? -CUDART_INF_F : (m + log2f(l)) * kLn2;
     return empty ? 0.f : 1.f / l;
   }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The same two all-reduces for a block size known only at run time (blockDim.x, whole warps): the
+// softmax ladder takes its block size from the launch-config table (tiled_attn/configs.py) instead of
+// instantiating one kernel per size. `num_warps` = blockDim.x / 32; `smem` holds 32 entries.
+__device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineState* smem, int num_warps) {
+  s = warp_allreduce(s);
+  if (num_warps == 1) return s;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) smem[warp] = s;
+  __syncthreads();
+  s = lane < num_warps ? smem[lane] : OnlineState::identity();
+  s = warp_allreduce(s);
+  __syncthreads();
+  return s;
+}
+
+template <typename Op>
+__device__ __forceinline__ float block_allreduce(float v, float* smem, int num_warps, float identity, Op op) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (num_warps == 1) return v;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < num_warps ? smem[lane] : identity;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A running state whose sum carries a compensation term, for a thread that folds very many pieces
+// one after another (the thread-per-row rungs, tile2d's tile-by-tile merge, long strided slices).
+// A plain float sum of n terms drifts by ~sqrt(n)·eps relative (~6e-5 at n = 2^20), 100× what
+// torch's tree reductions leave, and the numerics rule (DESIGN §4) allows 2×. Neumaier's variant
+// of Kahan summation keeps the lost low-order part of every addition in `c` (rescaled with l when
+// the max moves), so the error stays O(eps) at any n. The __f*_rn intrinsics are never contracted
+// into FMAs, which would change what the compensation measures. update() / merge() take the same
+// inputs as OnlineState's and reuse its verbs for the max and the exponentials.
+// ---------------------------------------------------------------------------------------------
+struct CompensatedState {
+  OnlineState s;  // (m, l), l without the compensation
+  float c;        // what the additions into l lost
+
+  static __device__ __forceinline__ CompensatedState identity() { return {OnlineState::identity(), 0.f}; }
+
+  __device__ __forceinline__ void merge(const OnlineState& o) {
+    const float m_new = fmaxf(s.m, o.m);
+    const float shift = finite_or_zero(m_new);
+    const float a = exp_shifted(s.m, shift);  // exactly 1 while the max stays put
+    const float l = __fmul_rn(s.l, a);
+    const float b = __fmul_rn(o.l, exp_shifted(o.m, shift));
+    const float t = __fadd_rn(l, b);
+    const float lost = fabsf(l) >= fabsf(b) ? __fadd_rn(__fsub_rn(l, t), b) : __fadd_rn(__fsub_rn(b, t), l);
+    c = __fadd_rn(__fmul_rn(c, a), lost);
+    s.m = m_new;
+    s.l = t;
+  }
+  __device__ __forceinline__ void update(float x) {
+    OnlineState t = OnlineState::identity();
+    t.update(x);
+    merge(t);
+  }
+  template <int N>
+  __device__ __forceinline__ void update(const float (&x)[N]) {
+    OnlineState t = OnlineState::identity();
+    t.update(x);
+    merge(t);
+  }
+  // The plain state (l with its compensation folded in), for the merges and normalize that follow.
+  __device__ __forceinline__ OnlineState state() const { return {s.m, s.l + c}; }
 };
 
 }  // namespace tiled_attn

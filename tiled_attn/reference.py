@@ -94,8 +94,13 @@ def safe_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """The element-wise recurrence of the seeds, one column at a time (slow: for tests only)."""
-    xa = x.to(_acc_dtype(x.dtype)).movedim(dim, -1)
+    """The element-wise recurrence of the seeds, one column at a time (slow: for tests only).
+
+    Accumulates in float64 whatever the input: folding N columns one by one into a running sum
+    rounds N times (an O(N·eps) error, not the O(log N·eps) of a tree sum), which in float32 already
+    exceeds the numerics rule for rows of a few hundred columns.
+    """
+    xa = x.to(torch.float64).movedim(dim, -1)
     state = identity_state(xa.shape[:-1] + (1,), xa.dtype, xa.device)
     for j in range(xa.shape[-1]):
         state = update(state, xa[..., j:j + 1])

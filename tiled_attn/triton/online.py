@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# A constexpr: lse() reads it inside @triton.jit, where plain Python globals fail to compile.
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -1,0 +1,492 @@
+// flash_fwd_kernel.cuh: the fused attention forward tile kernel (FlashAttention-2's structure on
+// mma.sync tensor cores, sm80+; H100 is the target).
+//
+// One CTA owns kBlockM query rows of one (batch, head) and streams the keys in kBlockN-row tiles:
+//   Q tile:  global -> shared (cp.async) once, resident; its mma fragments are ldmatrix'ed from shared
+//            memory per key tile, or once into registers where the register budget allows (kQInRegs).
+//   K, V:    global -> shared through a cp.async pipeline of kStages K slots and kStages V slots
+//            (16-byte copies, zero-filled past N), one commit group per K or V tile.
+//   S = Q Kᵀ on mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate), pre-multiplied by scale·log2 e;
+//   the row state and the accumulator rescale go through AttnRowState (online_softmax.cuh), with
+//   p = exp2(s − m) as one SFU op per score (AttnRowState::p_ftz);
+//   P is converted to fp16/bf16 in registers and reused as the A operand of O += P V (its C fragment
+//   layout is the A fragment layout, FA2's trick: no shared-memory round trip); V's B fragments come
+//   from ldmatrix.trans.
+//   Epilogue: O / l staged through the (free) Q tile in shared memory, then 16-byte row stores;
+//   lse = m + log l in natural units.
+// Causal (key j visible from query i iff j <= i + causal_offset): key tiles past the CTA's last
+// visible key are never loaded (loop bound); the mask is evaluated only on tiles that cross the
+// first row's limit or the end of the keys (descending tile order puts them first).
+//
+// Fragment layouts used below (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+// type"; g = lane / 4 (groupID), t = lane % 4 (threadID_in_group); each .b32 register holds two
+// 16-bit elements, the lower column / k index in the low half):
+//   A (16x16, row-major):   a[0] = (row g,   k 2t..2t+1)      a[1] = (row g+8, k 2t..2t+1)
+//                           a[2] = (row g,   k 2t+8..2t+9)    a[3] = (row g+8, k 2t+8..2t+9)
+//   B (16x8, k x n):        b[0] = (k 2t..2t+1,   col g)      b[1] = (k 2t+8..2t+9, col g)
+//   C/D (16x8, fp32):       c[0], c[1] = (row g,   cols 2t, 2t+1)
+//                           c[2], c[3] = (row g+8, cols 2t, 2t+1)
+// ldmatrix.m8n8.x4.b16: lane l supplies the address of row l % 8 of matrix l / 8 (16 contiguous
+// bytes); register i of lane l receives matrix i's row l / 4, columns 2(l%4), 2(l%4)+1. With .trans
+// it receives matrix i's column l / 4, rows 2(l%4), 2(l%4)+1 (the stored rows become the k index).
+// tests/emulation/flash_fwd_emulator.cpp implements these tables independently and runs this file's
+// kernel on the CPU against a float64 reference.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../online_softmax.cuh"
+#include "flash_fwd.cuh"
+
+namespace tiled_attn {
+namespace flash_fwd {
+
+template <int kHeadDim_, class Cfg>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kWarps = Cfg::kWarps;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr bool kQInRegs = Cfg::kQInRegs;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
+  static constexpr int kMTiles = kWarpRows / 16;      // m16 row tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S (keys)
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O (head dim)
+  static constexpr int kQKSteps = kHeadDim / 16;      // k16 steps of Q Kᵀ
+  static constexpr int kPVSteps = kBlockN / 16;       // k16 steps of P V
+  // Shared-memory rows padded by 8 elements (16 bytes): the 8 row addresses of one ldmatrix phase,
+  // (2D + 16)·r bytes apart, then fall in 8 distinct 16-byte bank groups for every D % 16 == 0
+  // (2D/16 + 1 is odd), so ldmatrix and the 4-byte epilogue stores are conflict-free without a swizzle.
+  static constexpr int kLd = kHeadDim + 8;
+  static constexpr int kQElems = kBlockM * kLd;
+  static constexpr int kKVElems = kBlockN * kLd;
+  static constexpr int kSmemBytes = (kQElems + 2 * kStages * kKVElems) * 2;
+  // Q fragments kept in registers: [m tile][k step][4], or a placeholder when Q is re-read from smem.
+  static constexpr int kQFragM = kQInRegs ? kMTiles : 1;
+  static constexpr int kQFragK = kQInRegs ? kQKSteps : 1;
+
+  static_assert(kHeadDim % 16 == 0, "head dim in k16 steps");
+  static_assert(kBlockN % 16 == 0, "key tile in k16 steps (P's A fragments pair two n8 tiles)");
+  static_assert(kWarpRows % 16 == 0 && kWarpRows * kWarps == kBlockM, "whole m16 tiles per warp");
+  static_assert(kStages >= 1, "at least one K and one V slot");
+};
+
+// ---------------------------------------------------------------------------------------------
+// The PTX this kernel needs, one wrapper each. The host emulator defines the same names itself.
+// ---------------------------------------------------------------------------------------------
+#ifndef TILED_ATTN_EMULATION
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared, bypassing L1 (.cg: K/V are reused across CTAs through L2, not
+// within one). src-size 0 writes 16 zero bytes without reading `src`: the ragged rows past N.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most N of this thread's commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a·b on one m16n8k16 tile (fp32 accumulate). Not volatile: a pure register op the compiler may
+// schedule freely between the ldmatrix loads.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __half>::value) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same<T, __nv_bfloat16>::value, "fp16 or bf16");
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Plain shared-memory accesses of the epilogue, wrapped only so the emulator can check them for races.
+__device__ __forceinline__ void st_shared_b32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+__device__ __forceinline__ uint4 ld_shared_b128(const void* p) { return *static_cast<const uint4*>(p); }
+#endif  // TILED_ATTN_EMULATION
+
+// Two floats rounded to T and packed low-to-high: `lo` is the lower column (k) index, as both the A
+// fragment and a 4-byte store of adjacent columns expect.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __half>::value) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return reinterpret_cast<uint32_t&>(v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return reinterpret_cast<uint32_t&>(v);
+  }
+}
+
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// Which 16-byte chunks of a kRows x D tile this thread copies: kThreadsPerRow threads share a row
+// (consecutive threads on consecutive chunks: coalesced), each taking every kThreadsPerRow-th chunk
+// of it, and the CTA covers kRowsPerPass rows per pass. Every chunk of one thread then sits at a
+// compile-time offset from its first, so a tile copy costs one base address and no per-chunk index
+// math held in registers. kThreadsPerRow is the whole row where the thread count allows, else the
+// largest power of two dividing it (D = 96: 4 of 12 chunks, D = 192: 8 of 24).
+template <class Tr>
+struct ChunkMap {
+  static constexpr int kChunksPerRow = Tr::kHeadDim / 8;
+  static constexpr int kThreadsPerRow =
+      Tr::kThreads % kChunksPerRow == 0 ? kChunksPerRow : (kChunksPerRow & -kChunksPerRow);
+  static constexpr int kChunksPerThread = kChunksPerRow / kThreadsPerRow;  // per row
+  static constexpr int kRowsPerPass = Tr::kThreads / kThreadsPerRow;
+  static_assert(Tr::kThreads % kThreadsPerRow == 0 && Tr::kBlockN % kRowsPerPass == 0 &&
+                    Tr::kBlockM % kRowsPerPass == 0,
+                "every thread copies the same number of chunks");
+  static __device__ __forceinline__ int row(int tid) { return tid / kThreadsPerRow; }
+  static __device__ __forceinline__ int col(int tid) { return (tid % kThreadsPerRow) * 8; }
+};
+
+// kRows x D elements of a row-major global tile into a padded shared tile with 16-byte cp.async.
+// `smem` and `gmem` already point at this thread's first chunk (ChunkMap row/col); `row0` is that
+// chunk's row, `stride` the global row stride. Rows at or past `rows_valid` (>= 1) are zero-filled;
+// their source address is clamped to the tile's first row (never read: src-size 0).
+template <class Tr, int kRows, typename T>
+__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride, int row0, int rows_valid) {
+  using Map = ChunkMap<Tr>;
+#pragma unroll
+  for (int i = 0; i < kRows / Map::kRowsPerPass; ++i) {
+    const bool valid = row0 + i * Map::kRowsPerPass < rows_valid;
+    const T* src = gmem + (valid ? int64_t{i * Map::kRowsPerPass} * stride : -int64_t{row0} * stride);
+#pragma unroll
+    for (int j = 0; j < Map::kChunksPerThread; ++j) {
+      cp_async_16(smem_u32(smem + i * Map::kRowsPerPass * Tr::kLd + j * Map::kThreadsPerRow * 8),
+                  src + j * Map::kThreadsPerRow * 8, valid);
+    }
+  }
+}
+
+// S = Q Kᵀ for this warp's rows against one key tile. `q_lane` / `k_lane`: this lane's ldmatrix
+// address (bytes, shared space) for m tile 0 / key 0, k step 0.
+template <class Tr, typename T>
+__device__ __forceinline__ void gemm_qk(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
+                                        const uint32_t (&qf)[Tr::kQFragM][Tr::kQFragK][4], uint32_t q_lane,
+                                        uint32_t k_lane) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < Tr::kNTiles; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[mi][ni][r] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+    uint32_t a[Tr::kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+      if constexpr (Tr::kQInRegs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[mi][r] = qf[mi][kk][r];
+      } else {
+        ldmatrix_x4(a[mi], q_lane + (mi * 16 * Tr::kLd + kk * 16) * 2);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Tr::kNTiles / 2; ++np) {
+      // b[0], b[1]: key n-tile 2np; b[2], b[3]: key n-tile 2np + 1 (see k_lane in the kernel).
+      uint32_t b[4];
+      ldmatrix_x4(b, k_lane + (np * 16 * Tr::kLd + kk * 16) * 2);
+#pragma unroll
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        mma_16816<T>(s[mi][2 * np], a[mi], b[0], b[1]);
+        mma_16816<T>(s[mi][2 * np + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Scores -> log2 units, mask (kMask), then per row: tile max over the quad that shares the row, the
+// AttnRowState rescale of l and of this row's accumulator, p = exp2(s − m) in place, Σp into l.
+// This thread holds, of m tile mi, rows g (hh = 0) and g + 8 (hh = 1), at key columns
+// key0 + 8·ni + e (e = 0, 1) with key0 = n0 + 2t.
+template <bool kMask, class Tr>
+__device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
+                                             float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
+                                             AttnRowState (&rs)[Tr::kMTiles][2], int limit_base, int seqlen_k,
+                                             int key0, float scale_log2) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      // Row (mi, hh) sees keys below min(Nk, limit_base + 16·mi + 8·hh) (see limit_base in the kernel).
+      const int limit = min(seqlen_k, limit_base + mi * 16 + hh * 8);
+      float tile_max = -CUDART_INF_F;
+#pragma unroll
+      for (int ni = 0; ni < Tr::kNTiles; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[mi][ni][2 * hh + e];
+          x *= scale_log2;
+          if constexpr (kMask) {
+            if (key0 + ni * 8 + e >= limit) x = -CUDART_INF_F;
+          }
+          tile_max = fmaxf(tile_max, x);
+        }
+      }
+      tile_max = warp_allreduce_max<4>(tile_max);
+      const float alpha = rs[mi][hh].rescale(tile_max);
+#pragma unroll
+      for (int dn = 0; dn < Tr::kDTiles; ++dn) {
+        acc[mi][dn][2 * hh] *= alpha;
+        acc[mi][dn][2 * hh + 1] *= alpha;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int ni = 0; ni < Tr::kNTiles; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[mi][ni][2 * hh + e];
+          x = rs[mi][hh].p_ftz(x);
+          sum += x;
+        }
+      }
+      rs[mi][hh].add(sum);
+    }
+  }
+}
+
+// O += P V for one key tile. P's C fragments of key n-tiles 2kk and 2kk+1 are exactly the A fragment
+// of k step kk (a[0] = rows g, keys 2t..: c[0..1] of tile 2kk; a[1] = rows g+8: c[2..3] of 2kk;
+// a[2], a[3]: the same of tile 2kk+1), so P never leaves registers.
+template <class Tr, typename T>
+__device__ __forceinline__ void gemm_pv(float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
+                                        const float (&s)[Tr::kMTiles][Tr::kNTiles][4], uint32_t v_lane) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+    uint32_t a[Tr::kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+      a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+      a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+      a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+      a[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < Tr::kHeadDim / 16; ++dp) {
+      // b[0], b[1]: head-dim n-tile 2dp; b[2], b[3]: n-tile 2dp + 1 (see v_lane in the kernel).
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_lane + (kk * 16 * Tr::kLd + dp * 16) * 2);
+#pragma unroll
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        mma_16816<T>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+        mma_16816<T>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <class Tr, typename T>
+__global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sQ = reinterpret_cast<T*>(smem_raw);
+  T* const sK = sQ + Tr::kQElems;                    // kStages slots of kKVElems
+  T* const sV = sK + Tr::kStages * Tr::kKVElems;     // kStages slots of kKVElems
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, t = lane % 4;  // PTX's groupID and threadID_in_group
+
+  // Heaviest causal query tiles first (they see the most keys), so the last wave is short ones.
+  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  // 32-bit index math (B·Hq < 2^31, checked on the host): CTA-uniform, cheap, and it keeps the 64-bit
+  // products below out of the registers the key loop needs.
+  const int bh = p.bh_offset + static_cast<int>(blockIdx.y);
+  const int batch = bh / p.heads_q, head = bh - batch * p.heads_q;
+  const int head_kv = head / p.group;  // GQA/MQA by index: k/v are never repeated
+  const int m0 = m_block * Tr::kBlockM;
+  const int rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
+
+  const T* const gQ = static_cast<const T*>(p.q) + int64_t{batch} * p.q_batch + int64_t{head} * p.q_head + m0 * p.q_seq;
+  const T* const gK = static_cast<const T*>(p.k) + int64_t{batch} * p.k_batch + int64_t{head_kv} * p.k_head;
+  const T* const gV = static_cast<const T*>(p.v) + int64_t{batch} * p.v_batch + int64_t{head_kv} * p.v_head;
+
+  // Row i sees keys j < limit(i): min(Nk, i + offset + 1) under the causal mask (none below 0).
+  auto row_limit = [&](int64_t i) -> int {
+    return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
+  };
+  // Key tiles past the last row's limit are never loaded; the first row has the smallest limit, so a
+  // tile ending at or before it needs no mask for any row of this CTA.
+  const int kv_end = row_limit(m0 + rows_q - 1);
+  const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int unmasked_end = row_limit(m0);
+
+  // This thread's rows are m0 + warp_row0 + g + 16·mi + 8·hh. Their limits are min(Nk, limit_base +
+  // 16·mi + 8·hh), with limit_base the limit of row m0 + warp_row0 + g before the min, clamped to
+  // [-kBlockM, Nk]: one register instead of one per row. The clamp is exact: below -kBlockM every row
+  // of the warp has a negative limit (sees nothing) either way, above Nk the min gives Nk either way.
+  const int warp_row0 = warp * Tr::kWarpRows;
+  const int limit_base =
+      p.causal ? static_cast<int>(clamp64(int64_t{m0} + warp_row0 + g + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
+               : p.seqlen_k;
+
+  // Tiles run from the last (iteration 0) to the first, so the masked ones come first. Iteration `it`
+  // uses K slot and V slot it % kStages.
+  auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
+  // This thread's first copy chunk (ChunkMap). The K/V source rows are formed per tile from the
+  // CTA-uniform gK / gV (uniform registers) rather than kept as per-thread 64-bit pointers: the key
+  // loop is register-bound at D = 128 (255 of 255).
+  const int cp_row = ChunkMap<Tr>::row(tid), cp_col = ChunkMap<Tr>::col(tid);
+  const int cp_smem = cp_row * Tr::kLd + cp_col;
+  auto load_k = [&](int it) {
+    const int n0 = tile_key0(it);
+    load_tile<Tr, Tr::kBlockN>(sK + (it % Tr::kStages) * Tr::kKVElems + cp_smem,
+                               gK + int64_t{n0 + cp_row} * p.k_seq + cp_col, p.k_seq, cp_row, p.seqlen_k - n0);
+  };
+  auto load_v = [&](int it) {
+    const int n0 = tile_key0(it);
+    load_tile<Tr, Tr::kBlockN>(sV + (it % Tr::kStages) * Tr::kKVElems + cp_smem,
+                               gV + int64_t{n0 + cp_row} * p.v_seq + cp_col, p.v_seq, cp_row, p.seqlen_k - n0);
+  };
+
+  // Pipeline. Commit groups, in order: {Q, K_0}, V_0, K_1, V_1, ..., so K_i is group 2i and V_i group
+  // 2i + 1 (a group is committed even when it is empty, which keeps the count uniform). The prologue
+  // issues K_0..K_{S-1} and V_0..V_{S-2} (S = kStages: 2S − 1 groups); iteration i then issues
+  // V_{i+S-1} after its first barrier and K_{i+S} after its second. Before Q Kᵀ of tile i, 2S − 1 + 2i
+  // groups are committed and K_i (group 2i) must be complete: at most 2S − 2 pending. Before P V,
+  // 2S + 2i are committed and V_i (2i + 1) must be complete: again 2S − 2. Slot reuse: V_{i+S-1}
+  // overwrites V slot (i−1) % S, read last by P V of tile i−1, which every warp finished before the
+  // first barrier of iteration i; K_{i+S} overwrites K slot i % S after the second barrier, which
+  // follows Q Kᵀ of tile i in every warp. With S = 1 this is FA2's schedule (V_i loads during Q Kᵀ_i,
+  // K_{i+1} during softmax and P V of tile i).
+  load_tile<Tr, Tr::kBlockM>(sQ + cp_smem, gQ + cp_row * p.q_seq + cp_col, p.q_seq, cp_row, rows_q);
+  if (n_tiles > 0) load_k(0);
+  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i + 1 < Tr::kStages; ++i) {
+    if (i < n_tiles) load_v(i);
+    cp_async_commit();
+    if (i + 1 < n_tiles) load_k(i + 1);
+    cp_async_commit();
+  }
+
+  // This lane's ldmatrix row addresses (see the tables at the top of the file).
+  //  A from Q (row-major, rows r0.., k0..): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+  //    (rows 0-7, k 8-15), (rows 8-15, k 8-15) are a[0..3], so lane l points at row l % 16, col 8·(l / 16).
+  //  B from K (key-major, which is B's n-major "col" layout): matrices (keys 0-7, k 0-7), (keys 0-7,
+  //    k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15) are b[0], b[1] of key n-tile 0 and b[0], b[1] of
+  //    n-tile 1, so lane l points at key l % 8 + 8·(l / 16), col 8·((l / 8) % 2).
+  //  B from V with .trans (key-major; B's k index is the key): matrices (keys 0-7, d 0-7), (keys 8-15,
+  //    d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15) are b[0], b[1] of d n-tile 0 and of d n-tile 1, so
+  //    lane l points at key l % 16, col 8·(l / 16): the same map as A.
+  const int a_off = (lane % 16) * Tr::kLd + (lane / 16) * 8;
+  const int k_off = (lane % 8 + (lane / 16) * 8) * Tr::kLd + ((lane / 8) % 2) * 8;
+  const uint32_t q_lane = smem_u32(sQ) + (warp_row0 * Tr::kLd + a_off) * 2;
+  const uint32_t k_lane0 = smem_u32(sK) + k_off * 2;
+  const uint32_t v_lane0 = smem_u32(sV) + a_off * 2;
+
+  float acc[Tr::kMTiles][Tr::kDTiles][4];
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int dn = 0; dn < Tr::kDTiles; ++dn)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][dn][r] = 0.f;
+  AttnRowState rs[Tr::kMTiles][2];
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) rs[mi][0] = rs[mi][1] = AttnRowState::identity();
+  uint32_t qf[Tr::kQFragM][Tr::kQFragK][4];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int slot = it % Tr::kStages;
+    cp_async_wait<2 * Tr::kStages - 2>();  // K_it has landed (and Q with it at it = 0)
+    __syncthreads();
+    if constexpr (Tr::kQInRegs) {
+      if (it == 0) {
+#pragma unroll
+        for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+          for (int kk = 0; kk < Tr::kQKSteps; ++kk) ldmatrix_x4(qf[mi][kk], q_lane + (mi * 16 * Tr::kLd + kk * 16) * 2);
+      }
+    }
+    if (it + Tr::kStages - 1 < n_tiles) load_v(it + Tr::kStages - 1);
+    cp_async_commit();
+
+    float s[Tr::kMTiles][Tr::kNTiles][4];
+    gemm_qk<Tr, T>(s, qf, q_lane, k_lane0 + slot * Tr::kKVElems * 2);
+
+    cp_async_wait<2 * Tr::kStages - 2>();  // V_it has landed
+    __syncthreads();
+    if (it + Tr::kStages < n_tiles) load_k(it + Tr::kStages);
+    cp_async_commit();
+
+    const int n0 = tile_key0(it);
+    if (n0 + Tr::kBlockN > unmasked_end) {
+      softmax_tile<true, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    } else {
+      softmax_tile<false, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    }
+    gemm_pv<Tr, T>(acc, s, v_lane0 + slot * Tr::kKVElems * 2);
+  }
+
+  // Epilogue. Drain the (empty, or with no key tile the Q) copy groups and let every warp finish
+  // reading sQ before it is reused as the output staging tile.
+  cp_async_wait<0>();
+  __syncthreads();
+  T* const sO = sQ;
+  float* const lse_row = p.lse + int64_t{bh} * p.seqlen_q + m0;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      rs[mi][hh].l = warp_allreduce_sum<4>(rs[mi][hh].l);  // l was this thread's columns only
+      float lse;
+      const float inv_l = rs[mi][hh].finalize(lse);  // 0 for a row with no visible key: output 0
+      const int r = warp_row0 + mi * 16 + g + 8 * hh;
+#pragma unroll
+      for (int dn = 0; dn < Tr::kDTiles; ++dn) {
+        st_shared_b32(sO + r * Tr::kLd + dn * 8 + 2 * t,
+                      pack2<T>(acc[mi][dn][2 * hh] * inv_l, acc[mi][dn][2 * hh + 1] * inv_l));
+      }
+      if (t == 0 && r < rows_q) lse_row[r] = lse;
+    }
+  }
+  __syncthreads();
+  // 16-byte row stores of the rows this CTA owns, with the copy-in chunk map.
+  using Map = ChunkMap<Tr>;
+  T* const gO_thread = static_cast<T*>(p.out) + int64_t{batch} * p.o_batch + int64_t{head} * p.o_head +
+                          (m0 + cp_row) * p.o_seq + cp_col;
+#pragma unroll
+  for (int i = 0; i < Tr::kBlockM / Map::kRowsPerPass; ++i) {
+    if (cp_row + i * Map::kRowsPerPass < rows_q) {
+#pragma unroll
+      for (int j = 0; j < Map::kChunksPerThread; ++j) {
+        *reinterpret_cast<uint4*>(gO_thread + int64_t{i * Map::kRowsPerPass} * p.o_seq + j * Map::kThreadsPerRow * 8) =
+            ld_shared_b128(sO + cp_smem + i * Map::kRowsPerPass * Tr::kLd + j * Map::kThreadsPerRow * 8);
+      }
+    }
+  }
+}
+
+}  // namespace flash_fwd
+}  // namespace tiled_attn

@@ -1,0 +1,594 @@
+"""ta.softmax on every backend and every kernel of it, against float64 under the rule of DESIGN §4.
+
+Backends that cannot run here skip (helpers.backend_available); the Triton kernels run in the CPU
+interpreter when there is no GPU, at reduced sizes where a case would take minutes there (`_big_n`).
+Kernels come from ta.softmax_kernels(backend), so a kernel added to a backend is covered with no
+change here. `kernel=None` (the backend's own choice) is tested as one more kernel.
+Marked slow: the GPU-only tests on tensors of more than 2^31 elements (~10-20 GB of GPU memory).
+On a CPU machine the Triton kernels are also compiled for sm_90a (no GPU needed) and checked for
+register spills, since the interpreter never runs Triton's compiler.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tiled_attn as ta
+from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_rule, backend_available, device_for,
+                     fresh_seed, randn, skip_reason)
+from tiled_attn import _checks, configs, reference
+
+# The interpreter evaluates masked-out lanes too (rows past M: 0/0; those values are never stored),
+# and converts its (1,)-shaped scalars with int(), which numpy >= 1.25 deprecates.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+BACKENDS = ("torch", "triton", "cuda")
+NEG_INF = float("-inf")
+CPU_INTERPRETER = INTERPRET and not HAS_CUDA  # Triton kernels run in Python: keep sizes small
+
+
+def _dtypes(backend: str):
+    return DTYPES + ((torch.float64,) if backend == "torch" else ())
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+RUNS = [pytest.param(b, k, id=f"{b}-{k or 'default'}")
+        for b in BACKENDS for k in (None, *ta.softmax_kernels(b))]
+RUNS_DTYPES = [pytest.param(b, k, dt, id=f"{b}-{k or 'default'}-{_dtype_name(dt)}")
+               for b in BACKENDS for k in (None, *ta.softmax_kernels(b)) for dt in _dtypes(b)]
+BACKEND_DTYPES = [pytest.param(b, dt, id=f"{b}-{_dtype_name(dt)}") for b in BACKENDS
+                  for dt in _dtypes(b)]
+KERNEL_RUNS = [r for r in RUNS if r.values[0] != "torch"]
+
+
+def _require(backend: str) -> str:
+    if not backend_available(backend):
+        pytest.skip(skip_reason(backend))
+    return device_for(backend)
+
+
+@pytest.fixture
+def seed():
+    return fresh_seed()
+
+
+# ------------------------------------------------------------------------------------------------
+# references
+# ------------------------------------------------------------------------------------------------
+def _longdouble_softmax(x: torch.Tensor, dim: int) -> np.ndarray:
+    xl = x.detach().cpu().double().numpy().astype(np.longdouble)
+    e = np.exp(xl - xl.max(axis=dim, keepdims=True))
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def _ref_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """float64 softmax of the (already rounded) input. A float64 input gets an extended-precision
+    reference instead, so that torch's own float64 error is measured, not taken as zero."""
+    if x.dtype == torch.float64:
+        return torch.from_numpy(_longdouble_softmax(x, dim).astype(np.float64))
+    return torch.softmax(x.detach().cpu().double(), dim)
+
+
+def _ref_grad(x: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
+    if x.dtype == torch.float64:
+        y = _longdouble_softmax(x, dim)
+        g = dy.detach().cpu().numpy().astype(np.longdouble)
+        return torch.from_numpy((y * (g - (g * y).sum(axis=dim, keepdims=True))).astype(np.float64))
+    return reference.softmax_backward(_ref_softmax(x, dim), dy.detach().cpu().double(), dim)
+
+
+def _check(x, dim, backend, kernel, seed, what=""):
+    y = ta.softmax(x, dim, backend=backend, kernel=kernel)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    if x.numel():
+        assert_rule(y, _ref_softmax(x, dim), torch.softmax(x, dim), dtype=x.dtype, seed=seed,
+                    what=f"{backend}/{kernel} {what} {tuple(x.shape)} dim={dim} {x.dtype}")
+    return y
+
+
+def _big_n(backend: str, kernel) -> int:
+    """1 × (2^20 + 3) everywhere it runs in seconds; smaller where a row is walked in Python: the
+    Triton interpreter (~4 ms per tile step) and the torch 'online' kernel (one column per step)."""
+    if backend == "triton" and CPU_INTERPRETER:
+        return 2**14 + 3
+    if backend == "torch" and kernel == "online":
+        return 2**12 + 3
+    return 2**20 + 3
+
+
+# ------------------------------------------------------------------------------------------------
+# named cases: (shape maker, dim); each maker takes (gen, dtype, device, backend, kernel)
+# ------------------------------------------------------------------------------------------------
+def _rand(shape, scale=1.0):
+    return lambda g, dt, dev, b, k: randn(shape, dt, dev, g, scale)
+
+
+def _neg_inf_rows(g, dt, dev, b, k):
+    x = randn((6, 50), dt, dev, g)
+    x[0] = NEG_INF
+    x[3] = NEG_INF
+    return x
+
+
+def _one_finite(g, dt, dev, b, k):
+    x = torch.full((5, 300), NEG_INF, dtype=dt, device=dev)
+    cols = torch.randint(0, 299, (5,), generator=g).tolist()
+    cols[-1] = 299  # the last column: the tail tile of every tiled kernel
+    for r, c in enumerate(cols):
+        x[r, c] = float(torch.randn((), generator=g)) * 10
+    return x
+
+
+def _masked(g, dt, dev, b, k):
+    x = randn((9, 257), dt, dev, g, 3.0)
+    x[torch.rand((9, 257), generator=g).to(dev) < 0.4] = NEG_INF
+    return x
+
+
+def _all_negative(g, dt, dev, b, k):
+    # exp(x - 0) underflows to 0 everywhere: a max reduction seeded with 0 instead of -inf gives 0/0.
+    return -(randn((4, 700), dt, dev, g).abs() * 5 + 200).to(dt)
+
+
+def _inf_nan(g, dt, dev, b, k):
+    x = randn((4, 40), dt, dev, g)
+    x[0, 7] = float("inf")
+    x[1, 13] = float("nan")
+    x[2, 3], x[2, 30] = float("inf"), NEG_INF
+    return x
+
+
+def _big_row(g, dt, dev, b, k):
+    return randn((1, _big_n(b, k)), dt, dev, g, 4.0)
+
+
+def _many_rows(g, dt, dev, b, k):
+    # More row blocks than the persistent grid has programs: each program loops.
+    return randn((70 if CPU_INTERPRETER else 20000, 32), dt, dev, g)
+
+
+CASES = {
+    "single": (_rand((1, 1)), -1),
+    "one_column": (_rand((37, 1)), -1),
+    "n3": (_rand((9, 3)), -1),
+    "n33": (_rand((7, 33)), -1),
+    "n1000": (_rand((5, 1000), 4.0), -1),
+    "n1025": (_rand((3, 1025)), -1),
+    "n4097": (_rand((3, 4097)), -1),
+    "many_rows_n32": (_many_rows, -1),
+    "big_row": (_big_row, -1),
+    "all_neg_inf_rows": (_neg_inf_rows, -1),
+    "one_finite_among_neg_inf": (_one_finite, -1),
+    "masked_entries": (_masked, -1),
+    "magnitude_1e4": (_rand((4, 500), 1e4), -1),
+    "all_negative": (_all_negative, -1),
+    "inf_and_nan": (_inf_nan, -1),
+    "transposed": (lambda g, dt, dev, b, k: randn((300, 7), dt, dev, g).t(), -1),
+    "step_sliced": (lambda g, dt, dev, b, k: randn((12, 600), dt, dev, g)[::3, ::2], -1),
+    "offset_view": (lambda g, dt, dev, b, k: randn((5, 301), dt, dev, g)[1:, 1:], -1),
+    "expanded_rows": (lambda g, dt, dev, b, k: randn((1, 70), dt, dev, g).expand(5, 70), -1),
+    "3d_dim0": (_rand((33, 4, 5)), 0),
+    "3d_dim1": (_rand((4, 65, 3)), 1),
+    "3d_dim-1": (_rand((3, 4, 129)), -1),
+    "1d": (_rand((77,)), 0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backend,kernel,dtype", RUNS_DTYPES)
+def test_named_cases(backend, kernel, dtype, case, seed):
+    device = _require(backend)
+    make, dim = CASES[case]
+    x = make(torch.Generator().manual_seed(seed), dtype, device, backend, kernel)
+    try:
+        _check(x, dim, backend, kernel, seed, case)
+    except ValueError as e:
+        # A kernel that holds a whole row on chip rejects longer rows, before any launch.
+        if case == "big_row" and kernel is not None:
+            pytest.skip(f"{backend}/{kernel} rejects this row length: {e}")
+        raise
+
+
+@pytest.mark.parametrize("backend,kernel", RUNS)
+def test_empty_and_zero_dim(backend, kernel):
+    device = _require(backend)
+    for shape, dim in (((0,), 0), ((0, 5), -1), ((5, 0), -1), ((5, 0), 0), ((2, 0, 3), 2)):
+        x = torch.randn(shape, device=device).requires_grad_()
+        y = ta.softmax(x, dim, backend=backend, kernel=kernel)
+        assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+    y = ta.softmax(torch.tensor(2.5, device=device), backend=backend, kernel=kernel)
+    assert y.shape == () and y.item() == 1.0
+
+
+@pytest.mark.parametrize("backend,kernel", RUNS)
+@given(data=st.data())
+def test_hypothesis_shapes_dims_strides(backend, kernel, data):
+    device = _require(backend)
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    # The interpreter pays ~5 ms per tile step and per program: smaller tensors there.
+    small, long = (10, 600) if CPU_INTERPRETER else (24, 3000)
+    ndim = data.draw(st.integers(1, 3), label="ndim")
+    sizes = data.draw(st.lists(st.integers(0, small), min_size=ndim, max_size=ndim), label="sizes")
+    if data.draw(st.booleans(), label="one long dim"):
+        sizes[data.draw(st.integers(0, ndim - 1))] = data.draw(st.integers(small + 1, long), label="long")
+    steps = data.draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim), label="steps")
+    perm = data.draw(st.permutations(range(ndim)), label="perm")
+    dim = data.draw(st.integers(-ndim, ndim - 1), label="dim")
+    dtype = data.draw(st.sampled_from(_dtypes(backend)), label="dtype")
+    scale = data.draw(st.sampled_from([1.0, 10.0]), label="scale")
+    base = randn([s * t for s, t in zip(sizes, steps)], dtype, device, gen, scale)
+    x = base[tuple(slice(None, None, t) for t in steps)].permute(*perm)
+    _check(x, dim, backend, kernel, seed, "hypothesis")
+
+
+# ------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------
+def _grad_shapes():
+    """Shapes that reach each backward variant of the Triton backend with its default configs
+    (row on chip, split for few long rows, looped for many), plus layouts."""
+    if CPU_INTERPRETER:  # 'cpu' rule: row up to 1024 columns, split below 8 rows
+        return [((7, 33), -1), ((3, 1500), -1), ((9, 1100), -1), ((1, 1), -1), ((5, 3, 40), 1)]
+    return [((7, 33), -1), ((3, 40000), -1), ((300, 20000), -1), ((1, 1), -1), ((5, 3, 40), 1)]
+
+
+def _check_grad(x, dim, backend, kernel, seed, dy=None, what=""):
+    gen = torch.Generator().manual_seed(seed + 1)
+    dy = randn(x.shape, x.dtype, x.device, gen) if dy is None else dy
+    xo = x.detach().clone().requires_grad_()
+    ta.softmax(xo, dim, backend=backend, kernel=kernel).backward(dy)
+    xt = x.detach().clone().requires_grad_()
+    torch.softmax(xt, dim).backward(dy)
+    assert xo.grad.dtype == x.dtype and xo.grad.shape == x.shape
+    assert_rule(xo.grad, _ref_grad(x, dy, dim), xt.grad, dtype=x.dtype, seed=seed,
+                what=f"grad {backend}/{kernel} {what} {tuple(x.shape)} dim={dim} {x.dtype}")
+
+
+@pytest.mark.parametrize("shape,dim", _grad_shapes(), ids=str)
+@pytest.mark.parametrize("backend,dtype", BACKEND_DTYPES)
+def test_backward_matches_float64_gradient(backend, dtype, shape, dim, seed):
+    device = _require(backend)
+    x = randn(shape, dtype, device, torch.Generator().manual_seed(seed), 3.0)
+    _check_grad(x, dim, backend, None, seed)
+
+
+@pytest.mark.parametrize("backend,kernel", RUNS)
+def test_backward_layouts(backend, kernel, seed):
+    device = _require(backend)
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((300, 7), torch.float32, device, gen).t()  # strided rows
+    _check_grad(x, -1, backend, kernel, seed, what="transposed x")
+    dy = randn((300, 7), torch.float32, device, gen).t()
+    _check_grad(x, -1, backend, kernel, seed, dy=dy, what="transposed dy")
+    # loss = y.sum(): dy is a stride-0 expanded tensor of ones.
+    _check_grad(x, -1, backend, kernel, seed, dy=torch.ones((), device=device).expand(7, 300),
+                what="expanded dy")
+    x3 = randn((9, 4, 6), torch.bfloat16, device, gen, 4.0)
+    _check_grad(x3, 0, backend, kernel, seed, what="dim 0")
+
+
+def test_float64_gradcheck_torch_backend(seed):
+    gen = torch.Generator().manual_seed(seed)
+    for shape, dim in (((3, 7), -1), ((4, 5, 6), 1), ((6, 1), 0)):
+        x = randn(shape, torch.float64, "cpu", gen).requires_grad_()
+        assert torch.autograd.gradcheck(lambda t: ta.softmax(t, dim, backend="torch"), (x,)), seed
+
+
+# ------------------------------------------------------------------------------------------------
+# loop tails and splits with tiny tiles (on the GPU as well as in the interpreter)
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def tiny_tiles(monkeypatch):
+    """Force 16-column tiles, many splits and a 64-column row limit for this device's arch, so
+    modest rows walk multi-tile loops, tails and splits of one tile."""
+    arch = configs.arch(torch.device(device_for("triton")))
+    inf = float("inf")
+    tiny = dict(BLOCK_M=2, BLOCK_N=16, num_warps=1, num_stages=1)
+    for kernel, extra in (("online", dict(PROGRAMS_PER_SM=1)),
+                          ("split", dict(PROGRAMS_PER_SM=64, MIN_TILES=1)),
+                          ("backward_online", dict(PROGRAMS_PER_SM=1)),
+                          ("backward_split", dict(PROGRAMS_PER_SM=64, MIN_TILES=1))):
+        monkeypatch.setitem(configs.TRITON_SOFTMAX, (kernel, arch, "any", inf), {**tiny, **extra})
+    monkeypatch.setitem(configs.TRITON_SOFTMAX_DEFAULT, (arch, "any"),
+                        dict(row_max_n=64, backward_row_max_n=64, split_rows_per_sm=2, sm_count=4))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 100, 257])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("kernel", [None, "online", "split"])
+def test_triton_tiny_tiles(tiny_tiles, kernel, m, n, seed):
+    device = _require("triton")
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((m, n), torch.float32, device, gen, 3.0)
+    _check(x, -1, "triton", kernel, seed, "tiny tiles")
+    _check(randn((n, m), torch.bfloat16, device, gen, 3.0).t(), -1, "triton", kernel, seed,
+           "tiny tiles, strided")
+    _check_grad(x, -1, "triton", kernel, seed, what="tiny tiles")
+
+
+@pytest.fixture
+def single_pass(monkeypatch):
+    """Turn on the single-pass split for this device's arch; returns the list of whether each
+    kernel='split' call took it."""
+    from tiled_attn.triton import softmax as ts
+    arch = configs.arch(torch.device(device_for("triton")))
+    rule = dict(configs.triton_softmax_default(arch, "any"), split_single_pass=True)
+    monkeypatch.setitem(configs.TRITON_SOFTMAX_DEFAULT, (arch, "any"), rule)
+    taken, real = [], ts._forward_split_sync
+    monkeypatch.setattr(ts, "_forward_split_sync", lambda *a: taken.append(real(*a)) or taken[-1])
+    return taken
+
+
+# GPU: several programs per row (S > 1), more rows than co-resident groups, odd N. Interpreter:
+# S = 1 only (it runs programs in turn; a longer row falls back to the two-kernel split).
+SYNC_SHAPES = ([(3, 200), (6, 256), (2, 1000)] if CPU_INTERPRETER else
+               [(40, 131072), (3, 100003), (1, 40967), (900, 16389), (7, 300)])
+
+
+@pytest.mark.parametrize("shape", SYNC_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_split_single_pass(single_pass, dtype, shape, seed):
+    device = _require("triton")
+    x = randn(shape, dtype, device, torch.Generator().manual_seed(seed), 3.0)
+    _check(x, -1, "triton", "split", seed, "single pass")
+    chunk = configs.triton_softmax_config("split_sync", configs.arch(x.device),
+                                          configs.dtype_key(dtype), shape[1])["BLOCK_N"]
+    assert single_pass == [HAS_CUDA or shape[1] <= chunk]
+
+
+def test_triton_default_kernel_rule():
+    from tiled_attn.triton import softmax as ts
+    cpu = torch.device("cpu")
+    rule = configs.triton_softmax_default("cpu", "fp32")
+    sms = rule["sm_count"] * rule["split_rows_per_sm"]
+    assert ts._choose(10**6, rule["row_max_n"], "cpu", torch.float32, cpu, "row_max_n") == "row"
+    assert ts._choose(sms - 1, rule["row_max_n"] + 1, "cpu", torch.float32, cpu, "row_max_n") == "split"
+    assert ts._choose(sms, rule["row_max_n"] + 1, "cpu", torch.float32, cpu, "row_max_n") == "online"
+    h100 = configs.triton_softmax_default("sm90", "bf16")
+    assert h100["row_max_n"] >= 16384
+    # Every "row" size class of every arch is covered up to the row limit of its default rule.
+    assert configs.triton_softmax_config("row", "sm90", "fp32", h100["row_max_n"])["BLOCK_M"] >= 1
+    assert configs.triton_softmax_config("backward_row", "sm90", "fp32", h100["backward_row_max_n"])
+
+
+def test_triton_row_kernel_rejects_rows_too_long_for_registers():
+    device = _require("triton")
+    x = torch.zeros((1, 32769), device=device)
+    with pytest.raises(ValueError, match=r"kernel='row' cannot take rows of 32769 columns"):
+        ta.softmax(x, backend="triton", kernel="row")
+
+
+# ------------------------------------------------------------------------------------------------
+# 64-bit offsets (GPU only: tensors of more than 2^31 elements)
+# ------------------------------------------------------------------------------------------------
+def _check_rows(x, y, rows, dtype, seed, what):
+    for r in rows:
+        assert_rule(y[r:r + 1], _ref_softmax(x[r:r + 1], -1), torch.softmax(x[r:r + 1], -1),
+                    dtype=dtype, seed=seed, what=f"{what} row {r}")
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device with ~10 GB free")
+@pytest.mark.parametrize("backend,kernel", KERNEL_RUNS)
+def test_row_offsets_past_2_31(backend, kernel, seed):
+    """(2^31/N + 2) × N bf16 (4.3 GB): the last rows start past element 2^31."""
+    _require(backend)
+    n = 4096
+    m = 2**31 // n + 2
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
+    y = ta.softmax(x, -1, backend=backend, kernel=kernel)
+    _check_rows(x, y, [0, m // 2, m - 2, m - 1], torch.bfloat16, seed, f"{backend}/{kernel} 2^31")
+    del y
+    if kernel is None:  # the backward picks its own variant
+        x.requires_grad_()
+        y = ta.softmax(x, -1, backend=backend)
+        dy = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        for r in (0, m - 1):
+            xr = x[r:r + 1].detach().clone().requires_grad_()
+            (gt,) = torch.autograd.grad(torch.softmax(xr, -1), xr, dy[r:r + 1])
+            assert_rule(dx[r:r + 1], _ref_grad(x[r:r + 1].detach(), dy[r:r + 1], -1), gt,
+                        dtype=torch.bfloat16, seed=seed, what=f"grad {backend} 2^31 row {r}")
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device with ~10 GB free")
+@pytest.mark.parametrize("kernel", [None, "online", "split"])
+def test_triton_column_offsets_past_2_31(kernel, seed):
+    """A transposed (2^28 + 2) × 8 bf16 tensor: column index × column stride passes 2^31."""
+    _require("triton")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((2**31 // 8 + 2, 8), generator=gen, device="cuda", dtype=torch.bfloat16).t()
+    y = ta.softmax(x, -1, backend="triton", kernel=kernel)
+    ref = _ref_softmax(x[:2], -1)  # 2 rows of 2^28 columns in float64: 4 GB of host memory
+    assert_rule(y[:2], ref, torch.softmax(x[:2], -1), dtype=torch.bfloat16, seed=seed,
+                what=f"triton/{kernel} column offsets")
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input: one test per message of _checks.check_softmax / check_backend / softmax._check_kernel
+# ------------------------------------------------------------------------------------------------
+def _bad_inputs():
+    x = torch.randn(3, 4)
+    cases = [
+        ("not a tensor", lambda: ta.softmax([1.0, 2.0]), TypeError, r"x must be a torch.Tensor, got list"),
+        ("int tensor", lambda: ta.softmax(torch.arange(4)), TypeError,
+         r"x must be a floating-point tensor, got dtype int64"),
+        ("complex tensor", lambda: ta.softmax(torch.randn(3, dtype=torch.complex64)), TypeError,
+         r"x must be a floating-point tensor"),
+        ("dim float", lambda: ta.softmax(x, 1.0), TypeError, r"dim must be an int, got float"),
+        ("dim bool", lambda: ta.softmax(x, True), TypeError, r"dim must be an int, got bool"),
+        ("dim too big", lambda: ta.softmax(x, 2), ValueError, r"dim must be in \[-2, 1\] .* got 2"),
+        ("dim too small", lambda: ta.softmax(x, -3), ValueError, r"dim must be in \[-2, 1\]"),
+        ("backend name", lambda: ta.softmax(x, backend="jax"), ValueError,
+         r"backend must be None or one of .*got 'jax'"),
+        ("kernel type", lambda: ta.softmax(x, backend="torch", kernel=3), TypeError,
+         r"kernel must be None or a kernel name \(str\), got int"),
+        ("kernel without backend", lambda: ta.softmax(x, kernel="online"), ValueError,
+         r"kernel='online' needs an explicit backend"),
+        ("unknown kernel", lambda: ta.softmax(x, backend="torch", kernel="fastest"), ValueError,
+         r"kernel must be one of .* for backend='torch', got 'fastest'"),
+        ("cuda backend on cpu", lambda: ta.softmax(x, backend="cuda"), ValueError,
+         r"backend='cuda' needs CUDA tensors, got x on cpu"),
+        ("float64 on triton", lambda: ta.softmax(x.double().to(device_for("triton")), backend="triton"),
+         TypeError, r"backend='triton' supports dtypes .* got float64"),
+        ("softmax_kernels name", lambda: ta.softmax_kernels("jax"), ValueError,
+         r"backend must be one of .*got 'jax'"),
+    ]
+    if hasattr(torch, "float8_e4m3fn"):
+        cases.append(("float8", lambda: ta.softmax(torch.zeros(3, dtype=torch.float8_e4m3fn)),
+                      TypeError, r"x must be float32, float16, bfloat16 or float64, got float8_e4m3fn"))
+    return [pytest.param(*c[1:], id=c[0]) for c in cases]
+
+
+@pytest.mark.parametrize("call,exc,match", _bad_inputs())
+def test_bad_inputs(call, exc, match, monkeypatch):
+    if not HAS_CUDA:  # let CPU tensors reach the Triton dtype check (nothing is launched)
+        monkeypatch.setattr(_checks, "triton_interpret", lambda: True)
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
+    monkeypatch.setattr(_checks, "triton_interpret", lambda: False)
+    with pytest.raises(ValueError, match=r"backend='triton' needs CUDA tensors .* got x on cpu"):
+        ta.softmax(torch.randn(3, 4), backend="triton")
+
+
+def test_triton_wrapper_rejects_unknown_kernel_before_launch():
+    from tiled_attn.triton import softmax as ts
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"kernel must be None or one of \['row', 'online', 'split'\]"):
+        ts.softmax_forward(x, torch.empty_like(x), "warp")
+
+
+# ------------------------------------------------------------------------------------------------
+# the compiled kernels (CPU CI: the interpreter never runs Triton's compiler)
+# ------------------------------------------------------------------------------------------------
+def _sm90_builds():
+    """(label, kernel, constexprs, pointer dtypes, must-not-spill) for every Triton softmax kernel
+    at its H100 ("any") configs, contiguous rows of aligned power-of-two length, plus strided rows."""
+    from tiled_attn.triton import (softmax_backward as bwd, softmax_backward_split as bwd_split,
+                                   softmax_online as onl, softmax_row as row, softmax_split as spl,
+                                   softmax_split_sync as sync)
+    cfg = lambda kernel, dt, n: configs.triton_softmax_config(kernel, "sm90", dt, n)  # noqa: E731
+    opts = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731
+    builds = []
+    for dt in ("fp32", "bf16"):
+        data = dict(x_ptr=dt, y_ptr=dt, dy_ptr=dt, dx_ptr=dt)
+        for n in (32, 128, 1024, 4096, 16384, 32768):
+            c = cfg("row", dt, n)
+            builds.append((f"row {dt} N={n}", row.softmax_row_kernel,
+                           dict(stride_xn=1, BLOCK_M=c["BLOCK_M"], BLOCK_N=n, COL_CONTIG=True,
+                                MASK_N=False), data, opts(c), True))
+        c = cfg("online", dt, 10**6)
+        builds.append((f"online {dt}", onl.softmax_online_kernel,
+                       dict(stride_xn=1, BLOCK_M=1, BLOCK_N=c["BLOCK_N"], COL_CONTIG=True), data,
+                       opts(c), True))
+        builds.append((f"online {dt} strided", onl.softmax_online_kernel,
+                       dict(BLOCK_M=1, BLOCK_N=c["BLOCK_N_STRIDED"], COL_CONTIG=False), data,
+                       opts(c), True))
+        c = cfg("split", dt, 10**6)
+        builds.append((f"split state {dt}", spl.softmax_split_state_kernel,
+                       dict(stride_xn=1, BLOCK_M=1, BLOCK_N=c["BLOCK_N"], COL_CONTIG=True), data,
+                       opts(c), True))
+        builds.append((f"split normalize {dt}", spl.softmax_split_normalize_kernel,
+                       dict(stride_xn=1, BLOCK_M=1, BLOCK_N=c["BLOCK_N"], BLOCK_S=1024,
+                            COL_CONTIG=True), data, opts(c), True))
+        c = cfg("split_sync", dt, 10**6)
+        builds.append((f"split single pass {dt}", sync.softmax_split_sync_kernel,
+                       dict(stride_xn=1, BLOCK_N=c["BLOCK_N"], BLOCK_S=16, COL_CONTIG=True), data,
+                       dict(opts(c), launch_cooperative_grid=True), True))
+        for n in (32, 512, 4096, 16384):
+            c = cfg("backward_row", dt, n)
+            builds.append((f"backward row {dt} N={n}", bwd.softmax_backward_kernel,
+                           dict(stride_yn=1, stride_dyn=1, BLOCK_M=c["BLOCK_M"], BLOCK_N=n,
+                                Y_CONTIG=True, DY_CONTIG=True, ONE_TILE=True, MASK_N=False), data,
+                           opts(c), True))
+        c = cfg("backward_online", dt, 10**6)
+        builds.append((f"backward looped {dt}", bwd.softmax_backward_kernel,
+                       dict(stride_yn=1, stride_dyn=1, BLOCK_M=1, BLOCK_N=c["BLOCK_N"],
+                            Y_CONTIG=True, DY_CONTIG=True, ONE_TILE=False, MASK_N=False), data,
+                       opts(c), True))
+        c = cfg("backward_split", dt, 10**6)
+        builds.append((f"backward split dot {dt}", bwd_split.softmax_backward_dot_kernel,
+                       dict(stride_yn=1, stride_dyn=1, BLOCK_M=1, BLOCK_N=c["BLOCK_N"],
+                            Y_CONTIG=True, DY_CONTIG=True), data, opts(c), True))
+        builds.append((f"backward split apply {dt}", bwd_split.softmax_backward_split_kernel,
+                       dict(BLOCK_M=1, BLOCK_N=c["BLOCK_N_STRIDED"], BLOCK_S=64, Y_CONTIG=False,
+                            DY_CONTIG=False), data, opts(c), True))
+    return builds
+
+
+def _compile_for_sm90a() -> list[str]:
+    """Compile _sm90_builds() with Triton for sm_90a and run ptxas -v on each; returns problems.
+    Must run without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    problems = []
+    for label, kernel, consts, data, options, no_spill in _sm90_builds():
+        signature, attrs = {}, {}
+        for i, name in enumerate(kernel.arg_names):
+            if name in consts:
+                signature[name] = "constexpr"
+                continue
+            if name.endswith("_ptr"):
+                signature[name] = "*" + data.get(name, "i32" if name == "count_ptr" else "fp32")
+            else:
+                signature[name] = "i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]  # aligned pointers, sizes and strides
+        try:
+            compiled = triton.compile(ASTSource(kernel, signature, consts, attrs),
+                                      target=GPUTarget("cuda", 90, 32), options=options)
+        except Exception as e:  # noqa: BLE001 -- report every failing kernel, not just the first
+            problems.append(f"{label}: {type(e).__name__}: {str(e)[-1500:]}")
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                                capture_output=True, text=True).stderr
+        os.unlink(f.name)
+        spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", report))
+        print(label, re.findall(r"Used \d+ registers", report), f"spill stores {spills}")
+        if no_spill and spills:
+            problems.append(f"{label}: {spills} bytes of register spills ({options})")
+    return problems
+
+
+def test_triton_kernels_compile_for_sm90a():
+    """Every kernel at its H100 configs compiles for sm_90a and does not spill (CPU CI: catches what
+    only the compiler rejects, e.g. a non-constexpr global read inside @triton.jit)."""
+    import os
+    import subprocess
+    import sys
+    if HAS_CUDA:
+        pytest.skip("the GPU run compiles and runs every kernel itself")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys; sys.path.insert(0, '.'); import test_softmax as t; "
+            "p = t._compile_for_sm90a(); print('\\n'.join(p)); sys.exit(1 if p else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]

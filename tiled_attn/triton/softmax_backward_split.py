@@ -1,0 +1,69 @@
+"""Split-row softmax backward for few, huge rows: S programs per row, like the split forward.
+
+`softmax_backward_dot_kernel` sums y·dy over each chunk into an (M, S) float32 buffer (O(M·S)
+temporaries); `softmax_backward_split_kernel` adds a row's S partial sums and writes its chunk of
+dx = y·(dy − Σ y·dy), its programs and tiles in the reverse order of the first kernel's so the data
+read last is re-read first from L2. Chunking and program numbering are the split forward's.
+"""
+import triton
+import triton.language as tl
+
+from .softmax_io import load_tile, row_base, store_tile
+from .softmax_split import _chunk
+
+
+@triton.jit
+def softmax_backward_dot_kernel(y_ptr, dy_ptr, dot_ptr, M, N, stride_ym, stride_yn, stride_dym,
+                                stride_dyn, CHUNK, S, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, Y_CONTIG: tl.constexpr,
+                                DY_CONTIG: tl.constexpr):
+    s, rows, row_mask, start, stop = _chunk(tl.program_id(0), S, M, N, CHUNK, BLOCK_M)
+    y_base = row_base(y_ptr, rows, stride_ym)
+    dy_base = row_base(dy_ptr, rows, stride_dym)
+    offs = tl.arange(0, BLOCK_N)
+    num_full = (stop - start) // BLOCK_N
+    tail = start + num_full * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for t in tl.range(0, num_full):
+        cols = start + t * BLOCK_N + offs
+        y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
+        dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
+        acc += y * dy
+    if tail < stop:  # only the row's last chunk, where stop == N
+        cols = tail + offs
+        y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
+        dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
+        acc += y * dy
+    tl.store(dot_ptr + rows.to(tl.int64) * S + s, tl.sum(acc, axis=1), mask=row_mask)
+
+
+@triton.jit
+def softmax_backward_split_kernel(y_ptr, dy_ptr, dx_ptr, dot_ptr, M, N, stride_ym, stride_yn,
+                                  stride_dym, stride_dyn, stride_dxm, CHUNK, S,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_S: tl.constexpr, Y_CONTIG: tl.constexpr,
+                                  DY_CONTIG: tl.constexpr):
+    lin = tl.num_programs(0) - 1 - tl.program_id(0)
+    s, rows, row_mask, start, stop = _chunk(lin, S, M, N, CHUNK, BLOCK_M)
+    parts = tl.arange(0, BLOCK_S)
+    partial = tl.load(dot_ptr + rows.to(tl.int64)[:, None] * S + parts[None, :],
+                      mask=row_mask[:, None] & (parts < S)[None, :], other=0.0)
+    dot = tl.sum(partial, axis=1)
+
+    y_base = row_base(y_ptr, rows, stride_ym)
+    dy_base = row_base(dy_ptr, rows, stride_dym)
+    dx_base = row_base(dx_ptr, rows, stride_dxm)
+    offs = tl.arange(0, BLOCK_N)
+    num_full = (stop - start) // BLOCK_N
+    tail = start + num_full * BLOCK_N
+    if tail < stop:
+        cols = tail + offs
+        y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
+        dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
+        store_tile(dx_base, cols, row_mask, N, y * (dy - dot[:, None]), True)
+    for t in tl.range(0, num_full):
+        cols = start + (num_full - 1 - t) * BLOCK_N + offs
+        y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
+        dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
+        store_tile(dx_base, cols, row_mask, N, y * (dy - dot[:, None]), False)

@@ -1,0 +1,59 @@
+"""Tile addressing shared by the softmax kernels: 64-bit row bases, 32-bit column offsets.
+
+A row's base address is `ptr + row·stride_m` computed in int64 (row·stride can pass 2^31 elements:
+a (2^31/N + 2) × N tensor). Inside a row the column offsets stay int32 when the columns are
+contiguous (`COL_CONTIG`, set by the wrapper when stride_n == 1), so the hot loop does no 64-bit
+math beyond the one pointer add per element and Triton sees unit stride and vectorizes the loads
+into 16-byte packs. Strided columns (a transposed view) widen to int64: col·stride_n can pass 2^31.
+
+`MASK_N` drops the column mask on full tiles: a mask whose constancy Triton cannot prove (N not a
+multiple of 16) would break the 16-byte packs for the whole row, so kernels walk full tiles unmasked
+and only the tail tile masked.
+"""
+import triton
+import triton.language as tl
+
+from . import online
+
+# The online verbs take the exp2 scale as an argument; the softmax kernels pass LOG2E on raw inputs.
+# A @triton.jit function may read a global only if it is a tl.constexpr (online.LOG2E is a plain
+# float, which the interpreter accepts but the compiler rejects).
+LOG2E = tl.constexpr(online.LOG2E)
+
+
+@triton.jit
+def row_base(ptr, rows, stride_m):
+    """[BLOCK_M] pointers to the first element of each row, offset in int64."""
+    return ptr + rows.to(tl.int64) * stride_m
+
+
+@triton.jit
+def tile_ptrs(base, cols, stride_n, COL_CONTIG: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] pointers from row bases [BLOCK_M] and column indices [BLOCK_N]."""
+    if COL_CONTIG:
+        return base[:, None] + cols[None, :]
+    else:
+        return base[:, None] + cols.to(tl.int64)[None, :] * stride_n
+
+
+@triton.jit
+def tile_mask(row_mask, cols, N, MASK_N: tl.constexpr):
+    if MASK_N:
+        return row_mask[:, None] & (cols < N)[None, :]
+    else:
+        return row_mask[:, None]  # tl.load/tl.store broadcast it along the columns
+
+
+@triton.jit
+def load_tile(base, cols, stride_n, row_mask, N, other, COL_CONTIG: tl.constexpr,
+              MASK_N: tl.constexpr):
+    """Load a tile as float32 (accumulation type); masked-out entries read `other`."""
+    ptrs = tile_ptrs(base, cols, stride_n, COL_CONTIG)
+    return tl.load(ptrs, mask=tile_mask(row_mask, cols, N, MASK_N), other=other).to(tl.float32)
+
+
+@triton.jit
+def store_tile(base, cols, row_mask, N, value, MASK_N: tl.constexpr):
+    """Store into a row-major output (unit column stride), rounding to the output's dtype."""
+    ptrs = base[:, None] + cols[None, :]
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=tile_mask(row_mask, cols, N, MASK_N))

@@ -1,0 +1,49 @@
+"""Online softmax for rows too long for registers: one pass folding tiles into the state (m, l), then
+a normalize pass that re-reads the row.
+
+Adds over the row kernel: any N, in BLOCK_N-column tiles. The second pass walks the row in reverse,
+so the tiles it reads first are the ones the first pass read last and are still in L2; the tail
+tile (read last) is normalized straight from registers. The grid is persistent and kept small
+(PROGRAMS_PER_SM in the config) because L2 reuse needs the rows in flight to fit in L2: with
+132 SMs × 1 program × a 512 KB fp32 row that is 66 MB against the H100's 50 MB, so most, not all,
+of the re-read hits L2. Traffic: 2 reads (the second mostly from L2) + 1 write. Wins for many long
+rows; few huge rows leave SMs idle, which the split kernel fixes.
+"""
+import triton
+import triton.language as tl
+
+from .online import identity, normalize, update
+from .softmax_io import LOG2E, load_tile, row_base, store_tile
+
+
+@triton.jit
+def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK_N)
+    num_full = N // BLOCK_N
+    tail = num_full * BLOCK_N
+    for block in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        x_base = row_base(x_ptr, rows, stride_xm)
+        y_base = row_base(y_ptr, rows, stride_ym)
+
+        m, l = identity(BLOCK_M)
+        # Full tiles unmasked along the columns (keeps the 16-byte packs), the tail masked.
+        for t in tl.range(0, num_full):
+            x = load_tile(x_base, t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
+                          COL_CONTIG, False)
+            m, l, _, _ = update(m, l, x, LOG2E)
+        if tail < N:
+            cols = tail + offs
+            x = load_tile(x_base, cols, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True)
+            m, l, _, _ = update(m, l, x, LOG2E)
+            # The state is final after the last tile: write it from registers, no re-read.
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True)
+
+        for t in tl.range(0, num_full):
+            cols = (num_full - 1 - t) * BLOCK_N + offs
+            x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False)
