@@ -38,6 +38,7 @@ const dim3& block_dim();
 const dim3& grid_dim();
 void syncthreads();
 float shfl_xor(unsigned mask, float v, int offset);
+double shfl_xor(unsigned mask, double v, int offset);
 void* dynamic_smem();
 unsigned cluster_rank();
 unsigned cluster_size();

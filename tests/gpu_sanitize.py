@@ -1,0 +1,271 @@
+#!/usr/bin/env python
+"""Every CUDA softmax kernel, forward and backward, at odd sizes and awkward layouts, checked against
+float64 under the numerics rule (tests/helpers.py); exits non-zero on any mismatch or CUDA error.
+A script (not collected by pytest), meant to run under compute-sanitizer:
+
+    PYTHONPATH=. python -c "import tiled_attn.cuda as c; c.load()"     # build once, outside it
+    PYTHONPATH=. compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py
+    PYTHONPATH=. compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitize.py --quick
+    PYTHONPATH=. python tests/gpu_sanitize.py --attention --big            # plain run, + 2^31 offsets
+
+The caching allocator is switched off (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so every tensor is its own
+cudaMalloc and memcheck sees an access one element past a tensor. Outputs are NaN-poisoned, so an
+element a kernel forgets to write fails the check.
+Cases: N in {1, 3, 33, 1000, 1025, 4097, 70001} with odd M, a many-rows case, float32/bfloat16/
+float16, four layouts (contiguous; transposed: column stride M; a 1-element offset: misaligned base;
+padded rows: row stride N + 5), an all -inf first row, the backward with a matching dy layout; then
+split_row, the backward and block_row_smem again with tiny chunks / CTA shares so that rows are cut
+into many pieces (partial last chunk, cluster CTAs with empty ranges) at these small sizes.
+--attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways).
+--big adds (2^31/4096 + 2) × 4096 bf16 (row offsets past 2^31) and a transposed 8 × (2^28 + 2)
+(column offsets past 2^31): ~10 GB of device memory, minutes; not for the sanitizer.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/helpers.py
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tiled_attn as ta  # noqa: E402
+from tiled_attn import _checks, configs, reference  # noqa: E402
+from tiled_attn import cuda as tcuda  # noqa: E402
+from helpers import assert_rule, fresh_seed  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+NS = (1, 3, 33, 1000, 1025, 4097, 70001)
+LAYOUTS = ("contiguous", "transposed", "offset", "padded")
+
+
+class Results:
+    def __init__(self):
+        self.counts = collections.Counter()
+        self.failures: list[str] = []
+
+    @contextlib.contextmanager
+    def case(self, group: str, what: str):
+        try:
+            yield
+            torch.cuda.synchronize()  # an asynchronous CUDA error surfaces here, in this case
+            self.counts[(group, "ok")] += 1
+        except ValueError as e:
+            if "takes rows of at most" not in str(e):
+                self._fail(group, what)
+            else:
+                self.counts[(group, "rejected (row too long)")] += 1
+        except Exception:  # noqa: BLE001 — record and go on: one report lists every failure
+            self._fail(group, what)
+
+    def _fail(self, group, what):
+        self.counts[(group, "FAILED")] += 1
+        self.failures.append(f"{what}\n{traceback.format_exc(limit=3)}")
+        print(f"FAILED {what}", flush=True)
+
+
+def make(m: int, n: int, dtype: torch.dtype, layout: str, gen: torch.Generator) -> torch.Tensor:
+    """An (m, n) matrix with the given layout, every element drawn; row 0 all -inf when m >= 3."""
+    def draw(*shape):
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * 3).to(dtype).cuda()
+    if layout == "contiguous":
+        x = draw(m, n)
+    elif layout == "transposed":
+        x = draw(n, m).t()
+    elif layout == "offset":
+        x = draw(m * n + 1)[1:].view(m, n)
+    elif layout == "padded":
+        x = draw(m, n + 5)[:, :n]
+    else:
+        raise ValueError(layout)
+    if m >= 3:
+        x[0] = float("-inf")
+    return x
+
+
+def check_forward(res: Results, x: torch.Tensor, kernel, seed: int, what: str, group: str):
+    with res.case(group, what):
+        y = ta.softmax(x, -1, backend="cuda", kernel=kernel)
+        assert_rule(y, torch.softmax(x.double().cpu(), -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed,
+                    what=what)
+
+
+def check_backward(res: Results, x: torch.Tensor, dy: torch.Tensor, seed: int, what: str, group: str):
+    with res.case(group, what):
+        xl = x.detach().requires_grad_()
+        (dx,) = torch.autograd.grad(ta.softmax(xl, -1, backend="cuda"), xl, dy)
+        xt = x.detach().requires_grad_()
+        (dx_torch,) = torch.autograd.grad(torch.softmax(xt, -1), xt, dy)
+        ref = reference.softmax_backward(torch.softmax(x.double().cpu(), -1), dy.double().cpu(), -1)
+        assert_rule(dx, ref, dx_torch, dtype=x.dtype, seed=seed, what=what)
+
+
+def rows_of(n: int) -> int:
+    return 7 if n <= 1025 else 3
+
+
+@contextlib.contextmanager
+def patched(kernel: str, **fields):
+    """Override fields of every CUDA_SOFTMAX row of `kernel` (restored after)."""
+    saved = {k: dict(v) for k, v in configs.CUDA_SOFTMAX.items() if k[0] == kernel}
+    for k in saved:
+        configs.CUDA_SOFTMAX[k] = {**saved[k], **fields}
+    try:
+        yield
+    finally:
+        configs.CUDA_SOFTMAX.update(saved)
+
+
+def run_softmax(res: Results, args, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    kernels = args.kernels or [None, *tcuda.SOFTMAX_KERNELS]
+    dtypes = [DTYPES[d] for d in args.dtypes]
+    ns = NS[::2] if args.quick else NS
+    for dtype in dtypes:
+        dname = str(dtype).replace("torch.", "")
+        for n in ns:
+            m = rows_of(n)
+            for layout in (LAYOUTS[:2] if args.quick else LAYOUTS):
+                x = make(m, n, dtype, layout, gen)
+                for kernel in kernels:
+                    check_forward(res, x, kernel, seed, f"forward {kernel or 'default'} {m}x{n} {dname} {layout}",
+                                  f"forward/{kernel or 'default'}")
+                dy = make(m, n, dtype, layout, gen)
+                dy[0] = 1.0  # finite: the -inf row of x already gives NaN
+                check_backward(res, x, dy, seed, f"backward {m}x{n} {dname} {layout}", "backward")
+        # many rows of a short row: grid-stride loops, spare row groups in a warp (8/16-lane groups)
+        for m, n in ((1001, 33), (5, 3), (333, 17)):
+            x = make(m, n, dtype, "contiguous", gen)
+            for kernel in kernels:
+                check_forward(res, x, kernel, seed, f"forward {kernel or 'default'} {m}x{n} {dname}",
+                              f"forward/{kernel or 'default'}")
+            check_backward(res, x, make(m, n, dtype, "contiguous", gen), seed, f"backward {m}x{n} {dname}",
+                           "backward")
+        # rows cut into many pieces at small sizes
+        with patched("split_row", chunk=512, min_chunk=128), patched("backward", chunk=512, min_chunk=128), \
+                patched("block_row_smem", cta_bytes=256):
+            for n in (33, 1025, 4097):
+                for layout in ("contiguous", "transposed"):
+                    x = make(rows_of(n), n, dtype, layout, gen)
+                    for kernel in ("split_row", "block_row_smem"):
+                        check_forward(res, x, kernel, seed, f"forward {kernel} tiny pieces {x.shape[0]}x{n} "
+                                      f"{dname} {layout}", f"forward/{kernel} (tiny pieces)")
+                    dy = make(rows_of(n), n, dtype, layout, gen)
+                    check_backward(res, x, dy, seed, f"backward tiny chunks {x.shape[0]}x{n} {dname} {layout}",
+                                   "backward (tiny chunks)")
+
+
+def run_attention(res: Results, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 1000), (300, 300), (257, 128))
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (64, 128):
+            for (nq, nk) in shapes:
+                for hq, hkv in ((2, 2), (6, 2)):
+                    for causal in (False, True):
+                        what = f"attention {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype}"
+                        with res.case("attention", what):
+                            q, k, v = (torch.randn((1, h, s, d), generator=gen).to(dtype).cuda()
+                                       for h, s in ((hq, nq), (hkv, nk), (hkv, nk)))
+                            out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+                            scale, offset = 1 / math.sqrt(d), nk - nq
+                            ref_out, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal,
+                                                                   scale, True, offset)
+                            g = hq // hkv
+                            kr, vr = (t.repeat_interleave(g, dim=1) for t in (k, v))
+                            mask = reference._causal_mask(nq, nk, q.device, offset) if causal else None
+                            t_out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=scale)
+                            seen = (mask.any(dim=1) if causal else torch.ones(nq, dtype=torch.bool, device=q.device))
+                            t_out = torch.where(seen[:, None].cpu(), t_out.double().cpu(), ref_out.cpu())
+                            s = (q.float() @ kr.float().transpose(-1, -2)) * scale
+                            if mask is not None:
+                                s = s.masked_fill(~mask, float("-inf"))
+                            assert_rule(out, ref_out, t_out, dtype=dtype, seed=seed, what=what + " out")
+                            assert_rule(lse, ref_lse, torch.logsumexp(s, -1), dtype=dtype, seed=seed,
+                                        what=what + " lse")
+
+
+def run_big(res: Results, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n = 4096
+    m = 2**31 // n + 2
+    x = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
+    for kernel in (None, "warp_row", "block_row_reg", "block_row_smem", "split_row", "block_shuffle"):
+        what = f"2^31 row offsets {kernel or 'default'} {m}x{n} bf16"
+        with res.case("big", what):
+            y = ta.softmax(x, -1, backend="cuda", kernel=kernel)
+            for r in (0, m // 2, m - 1):
+                xr = x[r:r + 1]
+                assert_rule(y[r:r + 1], torch.softmax(xr.double().cpu(), -1), torch.softmax(xr, -1),
+                            dtype=x.dtype, seed=seed, what=f"{what} row {r}")
+            del y
+    with res.case("big", "2^31 backward"):
+        dy = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
+        xl = x.requires_grad_()
+        (dx,) = torch.autograd.grad(ta.softmax(xl, -1, backend="cuda"), xl, dy)
+        for r in (0, m - 1):
+            xr = x[r:r + 1].detach().requires_grad_()
+            (gt,) = torch.autograd.grad(torch.softmax(xr, -1), xr, dy[r:r + 1])
+            ref = reference.softmax_backward(torch.softmax(xr.detach().double().cpu(), -1),
+                                             dy[r:r + 1].double().cpu(), -1)
+            assert_rule(dx[r:r + 1], ref, gt, dtype=x.dtype, seed=seed, what=f"2^31 backward row {r}")
+    del x, dy, dx, xl
+    xt = torch.randn((2**31 // 8 + 2, 8), generator=gen, device="cuda", dtype=torch.bfloat16).t()
+    for kernel in (None, "split_row", "block_shuffle", "warp_row"):
+        what = f"2^31 column offsets {kernel or 'default'} 8x{xt.shape[1]} bf16 transposed"
+        with res.case("big", what):
+            y = ta.softmax(xt, -1, backend="cuda", kernel=kernel)
+            assert_rule(y[:1], torch.softmax(xt[:1].double().cpu(), -1), torch.softmax(xt[:1], -1),
+                        dtype=xt.dtype, seed=seed, what=what)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernels", type=lambda s: [None if k == "default" else k for k in s.split(",")],
+                   help="comma-separated kernel names ('default' = kernel=None); default: all")
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="fp32,bf16,fp16")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and layouts (racecheck is slow)")
+    p.add_argument("--attention", action="store_true", help="also ta.attention(backend='cuda')")
+    p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
+    p.add_argument("--seed", type=int, default=None)
+    args = p.parse_args()
+
+    if not torch.cuda.is_available():
+        print("gpu_sanitize: no CUDA device", file=sys.stderr)
+        return 2
+    tcuda.require()
+    _checks.POISON_OUTPUTS = True
+    seed = fresh_seed() if args.seed is None else args.seed
+    print(f"gpu_sanitize: seed {seed}, {torch.cuda.get_device_name()}, kernels "
+          f"{[k or 'default' for k in (args.kernels or [None, *tcuda.SOFTMAX_KERNELS])]}", flush=True)
+    res = Results()
+    run_softmax(res, args, seed)
+    if args.attention:
+        run_attention(res, seed)
+    if args.big:
+        run_big(res, seed)
+
+    groups = sorted({g for g, _ in res.counts})
+    for g in groups:
+        parts = ", ".join(f"{res.counts[(g, s)]} {s}" for s in ("ok", "rejected (row too long)", "FAILED")
+                          if res.counts[(g, s)])
+        print(f"  {g:<36} {parts}")
+    if res.failures:
+        print(f"\ngpu_sanitize: {len(res.failures)} FAILED (seed {seed}):", file=sys.stderr)
+        for f in res.failures:
+            print(f, file=sys.stderr)
+        return 1
+    print(f"gpu_sanitize: all passed (seed {seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""CUDA softmax: pick the kernel and its launch config (configs.CUDA_SOFTMAX), launch csrc/softmax.
+
+Three steps, like every wrapper: the arguments were validated by tiled_attn.softmax (_checks); here
+a config is looked up and the extension is called with raw tensors and the current stream. x2d may
+have any strides (a column stride != 1 takes the kernels' scalar path: correct, slower, never a
+hidden copy); out2d is row-major. Rows too long for an on-chip kernel raise ValueError from the
+extension before any launch when that kernel was pinned; kernel=None hands such rows to split_row.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .. import configs
+from . import _build
+
+# The ladder, slowest rung first (csrc/softmax/<name>.cu; csrc/bindings.cpp binds the same names).
+SOFTMAX_KERNELS = ("naive", "online_thread", "block_smem_tree", "block_shuffle", "warp_row",
+                   "block_row_reg", "block_row_smem", "tile2d", "split_row")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _chunk(cfg: dict, m: int, n: int, device: torch.device) -> int:
+    """Columns per block for the split kernels: at most cfg['chunk'], but cut smaller (not below
+    cfg['min_chunk']) until m rows give blocks_per_sm × SMs blocks, so a few long rows still fill
+    the GPU."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    want = math.ceil(cfg["blocks_per_sm"] * _sm_count(index) / max(m, 1))
+    splits = max(math.ceil(n / cfg["chunk"]), min(want, max(1, n // cfg["min_chunk"])))
+    return math.ceil(n / splits)
+
+
+def _launch_args(kernel: str, cfg: dict, m: int, n: int, device: torch.device) -> tuple:
+    chunk = _chunk(cfg, m, n, device) if "chunk" in cfg else 0
+    return cfg["threads"], cfg.get("cluster", 1), cfg.get("cta_bytes", 0), chunk
+
+
+def plan(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None, ext=None) -> tuple[str, tuple]:
+    """(kernel name, launch args (threads, cluster, cta_bytes, chunk)) for this call."""
+    m, n = x2d.shape
+    arch, dtype = configs.arch(x2d.device), configs.dtype_key(x2d.dtype)
+    if kernel is None:
+        rule = configs.cuda_softmax_config("default", arch, dtype, n)
+        kernel = rule["kernel"]
+        if m < rule.get("few_rows", 0):
+            kernel = rule["few_rows_kernel"]
+        cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
+        args = _launch_args(kernel, cfg, m, n, x2d.device)
+        if ext is not None and 0 <= ext.softmax_max_cols(kernel, x2d, out2d, *args) < n:
+            kernel = "split_row"  # e.g. a strided row past block_row_reg's scalar register cache
+        else:
+            return kernel, args
+    cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
+    return kernel, _launch_args(kernel, cfg, m, n, x2d.device)
+
+
+def softmax_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = None) -> None:
+    """out2d[i] = softmax(x2d[i]) for each row, with the named kernel (None: the table's choice)."""
+    if x2d.numel() == 0:
+        return
+    ext = _build.load(x2d.device)
+    kernel, args = plan(x2d, out2d, kernel, ext)
+    ext.softmax_fwd(kernel, x2d, out2d, *args, torch.cuda.current_stream(x2d.device).cuda_stream)
+
+
+def softmax_backward(y2d: torch.Tensor, dy2d: torch.Tensor, dx2d: torch.Tensor) -> None:
+    """dx2d = y2d · (dy2d − Σ_row dy2d · y2d); y2d and dy2d with any strides, dx2d row-major."""
+    if y2d.numel() == 0:
+        return
+    m, n = y2d.shape
+    cfg = configs.cuda_softmax_config("backward", configs.arch(y2d.device), configs.dtype_key(y2d.dtype), n)
+    ext = _build.load(y2d.device)
+    ext.softmax_bwd(y2d, dy2d, dx2d, cfg["threads"], _chunk(cfg, m, n, y2d.device),
+                    torch.cuda.current_stream(y2d.device).cuda_stream)
