@@ -25,3 +25,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def _poison_outputs(monkeypatch):
     # Every output a backend fills starts NaN: an unwritten element fails the numerics rule.
     monkeypatch.setattr(_checks, "POISON_OUTPUTS", True)
+
+
+def pytest_runtest_logreport(report):
+    # On the GPU job (.ci/gpu.sh) each failure's traceback is appended to a file the moment it
+    # happens, so a run cut off by the device's time limit still says why each test failed.
+    path = os.environ.get("TILED_ATTN_FAILLOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

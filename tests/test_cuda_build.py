@@ -49,7 +49,9 @@ def test_import_needs_no_compiler():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     n, ok, loaded = out.stdout.split()
-    assert int(n) == len(tcuda.SOFTMAX_KERNELS) and ok == "False" and loaded == "False"
+    assert int(n) == len(tcuda.SOFTMAX_KERNELS) and loaded == "False"
+    if not torch.cuda.is_available():  # with a GPU, a toolchain in a default place may still be found
+        assert ok == "False"
 
 
 def test_cuda_backend_rejects_cpu_tensors():

@@ -377,7 +377,7 @@ def _check_rows(x, y, rows, dtype, seed, what):
                     dtype=dtype, seed=seed, what=f"{what} row {r}")
 
 
-@pytest.mark.slow
+@pytest.mark.huge
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device with ~10 GB free")
 @pytest.mark.parametrize("backend,kernel", KERNEL_RUNS)
@@ -403,7 +403,7 @@ def test_row_offsets_past_2_31(backend, kernel, seed):
                         dtype=torch.bfloat16, seed=seed, what=f"grad {backend} 2^31 row {r}")
 
 
-@pytest.mark.slow
+@pytest.mark.huge
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device with ~10 GB free")
 @pytest.mark.parametrize("kernel", [None, "online", "split"])

@@ -54,19 +54,303 @@ DEFAULT_BACKEND = {
 # ---------------------------------------------------------------------------------------------
 # Triton softmax (tiled_attn/triton/softmax.py) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
-TRITON_SOFTMAX: dict = {}
+# Key: (kernel, arch, dtype, size class). dtype may be "any"; the size class is an upper bound on N
+# (the row length): a row of N columns takes the smallest class >= N among the rows for its
+# (kernel, arch, dtype). Lookup order (triton_softmax_config): exact arch before "any", exact dtype
+# before "any" dtype, then the class. Kernels: the forward "row", "online", "split" and the backward
+# "backward_row" (row on chip), "backward_online" (looped), "backward_split".
+# Fields: BLOCK_M rows × BLOCK_N columns per tile ("row"/"backward_row" take BLOCK_N =
+# next_pow2(N): the whole row is the tile); num_warps, num_stages as Triton launch options;
+# PROGRAMS_PER_SM sizes a persistent grid by a fixed count per SM (kernels without it that loop over
+# rows get as many programs as fit on an SM, from the compiled kernel's registers/shared memory);
+# the split kernels aim for PROGRAMS_PER_SM·SMs programs in all and cut a row into chunks of at
+# least MIN_TILES tiles.
+#
+# The "any" rows are first guesses for the H100, NOT yet measured: re-measure them with the
+# softmax benchmark and record the figures in benchmarks/results/ before trusting them. Reasoning:
+# * 16-byte loads need 4 fp32 / 8 bf16 consecutive elements per thread; tiles hold 16-32 elements
+#   per thread, i.e. 4-8 loads in flight per thread for fp32, enough with several programs per SM
+#   (the H100 needs ~3.3 MB in flight, ~25 KB per SM, to cover DRAM latency at 3.35 TB/s).
+# * "row": a short row gets many rows per tile so a tile stays ~4K elements (N = 32 → 128 rows);
+#   long rows add warps rather than elements per thread. The register file bounds the row: an SM
+#   has 64K 32-bit registers and a row needs one per column for x plus, around the sum, one per
+#   column for exp(x − m) unless the compiler recomputes it. ptxas -v for sm_90a (Triton 3.6,
+#   compiled without a GPU by tests/test_softmax.py::test_triton_kernels_compile_for_sm90a, which
+#   fails on any spill of these rows): fp32 16384 columns / 16 warps: 62 registers per thread,
+#   32768 / 32 warps: 48, no spills in either (exp(x − m) is recomputed, not kept), so rows up to
+#   32768 columns run on chip (1-2 programs per SM). 16-bit inputs use the same element tiles
+#   because registers hold the float32 values, so registers, not bytes, bound the tile.
+# * "online"/"backward_online": one program per SM keeps the rows in flight small enough for the
+#   reverse re-read to hit L2 (132 × 512 KB rows = 66 MB vs 50 MB of L2), so that one program
+#   alone must keep enough bytes in flight: 32 KB tiles over 16 warps. Triton 3.6 does not
+#   software-pipeline these loads (they feed no dot: the compiled kernels stage nothing in shared
+#   memory), so num_stages has no effect on any softmax kernel today; big tiles and several
+#   programs per SM are what keep bytes in flight. Sweep PROGRAMS_PER_SM 1/2 × BLOCK_N on the GPU.
+# * "split": ~4 programs per SM in all (4 × 16 KB in flight per SM), chunks of >= 4 tiles so the
+#   per-chunk setup and the merge are amortized.
+# * "backward_row" holds y and dy: half the elements of "row" per tile.
+# * BLOCK_N_STRIDED: the tile when a row's columns are strided (a transposed view): every element
+#   is then its own load with a 64-bit address, and a 16K-element tile spills (ptxas: online bf16,
+#   255 registers + 1.8 KB of spills); 2048 columns keep the addresses in registers.
+# The "cpu" rows are for the interpreter (CI): small tiles so modest N exercises multi-tile loops,
+# loop tails and several splits; never timed.
+import bisect  # noqa: E402  (used by this section only)
+
+_INF = float("inf")
+TRITON_SOFTMAX: dict = {
+    # ---- row: the row is one tile in registers -------------------------------------------------
+    ("row", "any", "any", 32): dict(BLOCK_M=128, num_warps=4, num_stages=2),
+    ("row", "any", "any", 128): dict(BLOCK_M=32, num_warps=4, num_stages=2),
+    ("row", "any", "any", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),
+    ("row", "any", "any", 1024): dict(BLOCK_M=4, num_warps=4, num_stages=2),
+    ("row", "any", "any", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),
+    ("row", "any", "any", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2),
+    ("row", "any", "any", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),
+    ("row", "any", "any", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2),
+    ("row", "any", "any", 32768): dict(BLOCK_M=1, num_warps=32, num_stages=1),
+    # ---- online: BLOCK_N-column tiles of 32 KB ----------------------------------------------
+    ("online", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
+                                          num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
+    ("online", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=16384, BLOCK_N_STRIDED=2048,
+                                         num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
+    # ---- split: S programs per row, 16 KB tiles ----------------------------------------------
+    ("split", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
+                                         num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4),
+    ("split", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
+                                        num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4),
+    # ---- split, single pass (softmax_split_sync.py; off by default, see TRITON_SOFTMAX_DEFAULT):
+    # a BLOCK_N chunk per program held in registers across the wait, 32 fp32 registers per thread
+    # like the row kernel's 8192 class, so ~4 programs per SM: 528 co-resident programs hold
+    # ~17 MB of rows, e.g. 33 rows of 131072 fp32 columns (S = 16) at a time. MAX_SPIN bounds the
+    # wait: 65536 polls of an L2 line, ~50 ms, where a real wait lasts microseconds, so a broken
+    # invariant shows as a wrong answer within seconds and can never hang the GPU.
+    ("split_sync", "any", "any", _INF): dict(BLOCK_N=8192, num_warps=8, num_stages=1,
+                                             MAX_SPIN=1 << 16),
+    # ---- backward ----------------------------------------------------------------------------
+    ("backward_row", "any", "any", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2),
+    ("backward_row", "any", "any", 128): dict(BLOCK_M=16, num_warps=4, num_stages=2),
+    ("backward_row", "any", "any", 512): dict(BLOCK_M=4, num_warps=4, num_stages=2),
+    ("backward_row", "any", "any", 2048): dict(BLOCK_M=1, num_warps=4, num_stages=2),
+    ("backward_row", "any", "any", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2),
+    ("backward_row", "any", "any", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),
+    ("backward_row", "any", "any", 16384): dict(BLOCK_M=1, num_warps=32, num_stages=1),
+    # looped / split backward: y and dy tiles of 16 KB each
+    ("backward_online", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
+                                                   num_warps=8, num_stages=1, PROGRAMS_PER_SM=1),
+    ("backward_online", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
+                                                  num_warps=8, num_stages=1, PROGRAMS_PER_SM=1),
+    ("backward_split", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
+                                                  num_warps=8, num_stages=1, PROGRAMS_PER_SM=4,
+                                                  MIN_TILES=4),
+    ("backward_split", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
+                                                 num_warps=8, num_stages=1, PROGRAMS_PER_SM=4,
+                                                 MIN_TILES=4),
+    # ---- interpreter (CI): a tile step costs ~5 ms there whatever its size, so tiles are as
+    # large as still gives odd N multi-tile loops with tails (N = 1000 → 3 tiles + a tail);
+    # BLOCK_M > 1 covers partial row blocks. tests/test_softmax.py forces 16-column tiles on top.
+    ("row", "cpu", "any", 32): dict(BLOCK_M=16, num_warps=1, num_stages=1),
+    ("row", "cpu", "any", 256): dict(BLOCK_M=4, num_warps=1, num_stages=1),
+    ("row", "cpu", "any", 32768): dict(BLOCK_M=1, num_warps=1, num_stages=1),
+    ("online", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1, num_stages=1,
+                                         PROGRAMS_PER_SM=1),
+    ("split", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1, num_stages=1,
+                                        PROGRAMS_PER_SM=2, MIN_TILES=1),
+    ("split_sync", "cpu", "any", _INF): dict(BLOCK_N=256, num_warps=1, num_stages=1, MAX_SPIN=4),
+    ("backward_row", "cpu", "any", 32): dict(BLOCK_M=16, num_warps=1, num_stages=1),
+    ("backward_row", "cpu", "any", 32768): dict(BLOCK_M=1, num_warps=1, num_stages=1),
+    ("backward_online", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1,
+                                                  num_stages=1, PROGRAMS_PER_SM=1),
+    ("backward_split", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1,
+                                                 num_stages=1, PROGRAMS_PER_SM=2, MIN_TILES=1),
+}
+
+# The default kernel (kernel=None) per (arch, dtype): "row" while N <= row_max_n (fits in
+# registers; "backward_row" while N <= backward_row_max_n, two tensors on chip), else "split" when
+# M < split_rows_per_sm × SMs (too few rows to give every SM work), else "online". The H100 guess
+# (to be re-measured): rows up to 32K columns fit one program's registers without spilling (see
+# above; 16K for the backward, which holds y and dy); fewer than 2 rows per SM leaves SMs idle.
+# "cpu" (interpreter) uses a small row limit and a pretend SM count so CI exercises every default
+# path at small sizes. split_single_pass makes "split" use the one-read cooperative kernel where a
+# row fits in co-resident programs (S > 1 only on a GPU). It is off until the benchmark shows it
+# beats the two-kernel split: when written it was compiled for sm_90a but never run.
+TRITON_SOFTMAX_DEFAULT: dict = {
+    ("any", "any"): dict(row_max_n=32768, backward_row_max_n=16384, split_rows_per_sm=2,
+                         split_single_pass=False),
+    ("cpu", "any"): dict(row_max_n=1024, backward_row_max_n=1024, split_rows_per_sm=2, sm_count=4,
+                         split_single_pass=False),
+}
+
+
+# [keys it was built from, {(kernel, arch, dtype): sorted size-class bounds}]
+_TRITON_SOFTMAX_INDEX: list = [frozenset(), {}]
+
+
+def _triton_softmax_index() -> dict:
+    # Rebuilt whenever rows are added or removed (a tuning sweep, a test); a changed row is read
+    # from the table itself at each lookup. Costs a few µs per launch, not a scan of the table.
+    if TRITON_SOFTMAX.keys() != _TRITON_SOFTMAX_INDEX[0]:
+        index: dict = {}
+        for key in TRITON_SOFTMAX:
+            index.setdefault(key[:3], []).append(key[3])
+        _TRITON_SOFTMAX_INDEX[:] = [frozenset(TRITON_SOFTMAX),
+                                    {k: sorted(v) for k, v in index.items()}]
+    return _TRITON_SOFTMAX_INDEX[1]
+
+
+def triton_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
+    """The TRITON_SOFTMAX row for a row of `n` columns; KeyError when no class covers n."""
+    index = _triton_softmax_index()
+    for a in dict.fromkeys((arch_, "any")):
+        for d in dict.fromkeys((dtype, "any")):
+            bounds = index.get((kernel, a, d))
+            if bounds:
+                if n > bounds[-1]:
+                    raise KeyError(f"{kernel!r} has no launch config for rows of {n} columns "
+                                   f"(at most {bounds[-1]} on {a}/{d})")
+                return TRITON_SOFTMAX[(kernel, a, d, bounds[bisect.bisect_left(bounds, n)])]
+    raise KeyError(f"no launch config for {kernel!r} on {arch_}/{dtype}: add a row to TRITON_SOFTMAX")
+
+
+def triton_softmax_default(arch_: str, dtype: str) -> dict:
+    """The TRITON_SOFTMAX_DEFAULT thresholds for (arch, dtype), falling back to 'any'."""
+    for a in dict.fromkeys((arch_, "any")):
+        for d in dict.fromkeys((dtype, "any")):
+            if (a, d) in TRITON_SOFTMAX_DEFAULT:
+                return TRITON_SOFTMAX_DEFAULT[(a, d)]
+    raise KeyError(f"no default-kernel rule for {arch_}/{dtype}: add a row to TRITON_SOFTMAX_DEFAULT")
 
 # ---------------------------------------------------------------------------------------------
 # CUDA softmax ladder (csrc/softmax/, tiled_attn/cuda/) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
-CUDA_SOFTMAX: dict = {}
+# Key: (kernel, arch, dtype, size class), read by cuda_softmax_config: the size class is an upper
+# bound on N (the row length) and a row takes the smallest class >= N; arch and dtype fall back to
+# "any". kernel: a ladder name (csrc/softmax/<name>.cu), "default" (what kernel=None runs) or
+# "backward" (the fused backward, csrc/softmax/backward.cu).
+# Fields: threads = threads per block (warp_row / tile2d / the backward's short rows: 32 × rows per
+# block; block_row_reg grows it to cover the row; block_smem_tree needs a power of two);
+# block_row_smem: cluster = fewest CTAs per row, cta_bytes = most row bytes one CTA caches before
+# the row spreads over a larger cluster (0: all its shared memory); split_row / backward: chunk =
+# most columns per block, but a row is cut into more chunks (down to min_chunk columns) until there
+# are blocks_per_sm × SMs blocks. "default" rows: kernel, and for few_rows > M the few_rows_kernel.
+#
+# The "any" rows are reasoned H100 guesses, NOT yet measured (re-measure with the softmax benchmark
+# and add "sm90" rows with the figures' file in benchmarks/results/):
+# * N <= 2048: a warp per row in registers (warp_row): no barrier, 1 read + 1 write; 4 warps a
+#   block so an SM holds 16 blocks.
+# * N <= 8192: a block per row in registers (block_row_reg), 256 threads × up to 32 floats.
+# * N <= 256K: the row in shared memory (block_row_smem); 64 KB per CTA keeps 3 CTAs an SM (228 KB)
+#   so one CTA's reduction overlaps another's loads; longer rows spread over a cluster (sm_90).
+#   Fewer than 64 rows leave SMs idle (64 × a few CTAs < 132 SMs × 3): split_row instead.
+# * longer rows: split_row, chunks of 32K columns (128 KB fp32), >= 4 blocks an SM in all.
+# * the backward: warp-cached up to 1024 columns, then a block per row whose re-read hits L1/L2,
+#   split past 16K columns.
+_CUDA_ANY_N = float("inf")
+CUDA_SOFTMAX: dict = {
+    ("default", "any", "any", 2048): dict(kernel="warp_row"),
+    ("default", "any", "any", 8192): dict(kernel="block_row_reg"),
+    ("default", "any", "any", 262144): dict(kernel="block_row_smem", few_rows=64,
+                                            few_rows_kernel="split_row"),
+    ("default", "any", "any", _CUDA_ANY_N): dict(kernel="split_row"),
+    # the ladder's baselines: one block size for all lengths
+    ("naive", "any", "any", _CUDA_ANY_N): dict(threads=128),
+    ("online_thread", "any", "any", _CUDA_ANY_N): dict(threads=128),
+    ("block_smem_tree", "any", "any", 1024): dict(threads=128),
+    ("block_smem_tree", "any", "any", _CUDA_ANY_N): dict(threads=512),
+    ("block_shuffle", "any", "any", 1024): dict(threads=128),
+    ("block_shuffle", "any", "any", _CUDA_ANY_N): dict(threads=512),
+    ("tile2d", "any", "any", _CUDA_ANY_N): dict(threads=128),
+    # the fast rungs
+    ("warp_row", "any", "any", _CUDA_ANY_N): dict(threads=128),
+    ("block_row_reg", "any", "any", _CUDA_ANY_N): dict(threads=256),
+    ("block_row_smem", "any", "any", 8192): dict(threads=256, cluster=1, cta_bytes=0),
+    ("block_row_smem", "any", "any", _CUDA_ANY_N): dict(threads=512, cluster=1, cta_bytes=65536),
+    ("split_row", "any", "any", _CUDA_ANY_N): dict(threads=256, chunk=32768, min_chunk=4096,
+                                                   blocks_per_sm=4),
+    ("backward", "any", "any", 1024): dict(threads=128, chunk=16384, min_chunk=4096,
+                                           blocks_per_sm=4),
+    ("backward", "any", "any", _CUDA_ANY_N): dict(threads=256, chunk=16384, min_chunk=4096,
+                                                  blocks_per_sm=4),
+}
+
+
+def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
+    """The CUDA_SOFTMAX row of `kernel` for a row of `n` columns; KeyError when none covers it."""
+    for a in dict.fromkeys((arch_, "any")):
+        for d in dict.fromkeys((dtype, "any")):
+            bounds = [k[3] for k in CUDA_SOFTMAX if k[:3] == (kernel, a, d)]
+            if bounds:
+                fits = [b for b in bounds if n <= b]
+                if not fits:
+                    raise KeyError(f"CUDA softmax {kernel!r} has no launch config for rows of {n} "
+                                   f"columns (at most {max(bounds)} on {a}/{d})")
+                return CUDA_SOFTMAX[(kernel, a, d, min(fits))]
+    raise KeyError(f"no launch config for CUDA softmax {kernel!r} on {arch_}/{dtype}: add a row to "
+                   "CUDA_SOFTMAX in tiled_attn/configs.py")
 
 # ---------------------------------------------------------------------------------------------
 # Triton attention (tiled_attn/triton/attention.py) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
-TRITON_ATTENTION: dict = {}
+# Key: (kernel, arch, dtype, D class, causal, size class); any of dtype, D class, causal and size
+# class may be "*" (tiled_attn/triton/attention.py:config looks up the exact key first, then the
+# wildcards, arch before "any"). kernel "fwd" (attention_fwd.py) or "decode" (attention_decode.py);
+# D class "d64" (D <= 64), "d128" (D <= 128), "d256"; size class "short" (Nk <= 1024) or "long".
+# fwd rows: BLOCK_M (query rows resident per program), BLOCK_N (keys per step), num_warps,
+# num_stages. decode rows add the dispatch and split heuristics: max_rows, max_q (use the split-KV
+# kernel when Nq·Hq/Hkv <= max_rows, or Nq <= max_q: with a big GQA group it then packs several
+# row tiles, each still reading K/V once for its heads, where the forward kernel would read them
+# once per query head), waves (aim for waves·SMs programs), min_split_keys (a split reads at
+# least this many keys: below, the partial write and merge outweigh the parallelism), merge_rows /
+# merge_warps (the merge kernel). BLOCK_M of a decode row is the largest packed tile (the wrapper
+# shrinks it to the next power of two >= 16 rows that holds Nq·G).
+#
+# The "any" rows are reasoned H100 guesses, not timings (2026-11, before the first sweep), checked
+# only by compiling each for sm_90 offline (triton.compile, cuobjdump --dump-resource-usage: no
+# register spills, shared memory within 227 KB, wgmma + cp.async pipelining present):
+# D <= 64: 128x64 tiles at 4 warps (242 regs, 64 KB smem); D = 128: 8 warps for the 128-row fp32
+# accumulator (222 regs, 128 KB smem); D = 256: 128x32 (236 regs, 128 KB) — 64x64 spills. float32
+# runs the ieee dot on the FMA units, which holds whole operand rows in registers: 32x16 tiles at
+# 8 warps are the largest without spills for D >= 128. Decode: 4 warps, 64-key tiles (16-row packed
+# tile: 140 regs); D = 256 needs 8 warps for a 64-row packed tile. Replace these with the output of
+# benchmarks/tune_triton_attention.py (rows for "sm90").
+# "cpu" rows are for the Triton interpreter (CI): small enough that the test shapes cross several
+# tiles, the diagonal band and the ragged edges, large enough that the interpreter (~10 ms per key
+# tile, measured) keeps the test file within minutes; tests/test_attention.py::test_tile_shapes
+# covers 16-wide and unequal BLOCK_M/BLOCK_N tiles.
+_DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256,
+                      "merge_rows": 16, "merge_warps": 4}
+TRITON_ATTENTION: dict = {
+    ("fwd", "any", "*", "d64", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    ("fwd", "any", "*", "d128", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    ("fwd", "any", "*", "d256", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
+    ("fwd", "any", "fp32", "d64", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    ("fwd", "any", "fp32", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
+    ("decode", "any", "*", "*", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
+                                             **_DECODE_HEURISTICS},
+    ("decode", "any", "*", "d256", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3,
+                                                **_DECODE_HEURISTICS},
+    ("decode", "any", "fp32", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2,
+                                                **_DECODE_HEURISTICS},
+    ("fwd", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1},
+    ("decode", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1,
+                                             "max_rows": 64, "max_q": 8, "waves": 1,
+                                             "min_split_keys": 32, "merge_rows": 16, "merge_warps": 1},
+}
 
 # ---------------------------------------------------------------------------------------------
 # CUDA attention (csrc/attention/) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
-CUDA_ATTENTION: dict = {}
+# Key: ("fwd", arch, dtype, D); dtype "*" (fp16 and bf16 share a tile). A MIRROR of TileConfig<D> in
+# csrc/attention/flash_fwd.cuh, which is what the kernel runs (tile sizes are template arguments):
+# change both together (tests/test_cuda_attention_kernel.py checks they agree). block_m: query rows per
+# CTA, block_n: keys per pipeline tile, warps, stages: K and V slots in shared memory, q_in_regs: Q's mma
+# fragments held in registers for the whole key loop. Rows follow FlashAttention-2's sm80/sm90 choices
+# (D = 32/64 differ: see flash_fwd.cuh); every row compiles with 0 spill bytes for sm_90a (ptxas -v,
+# 2026-11, nvcc 13.0), none is measured on the H100 yet. smem_bytes = (block_m + 2·stages·block_n)·(D+8)·2.
+CUDA_ATTENTION: dict = {
+    ("fwd", "any", "*", 32): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": True},
+    ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": True},
+    ("fwd", "any", "*", 96): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": False},
+    ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": False},
+    ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "q_in_regs": False},
+    ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "q_in_regs": False},
+}
