@@ -7,6 +7,8 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
 export TILED_ATTN_FAILLOG=${TILED_ATTN_FAILLOG:-$OUT/failures.log}
+export TILED_ATTN_TIMELOG=${TILED_ATTN_TIMELOG:-$OUT/durations.log}
+export TILED_ATTN_BENCH_TRACE=${TILED_ATTN_BENCH_TRACE:-1}
 summary=()
 stage() {  # stage NAME TIMEOUT_S CMD...
   local name=$1 limit=$2; shift 2

@@ -186,7 +186,7 @@ def _run(args, names, cuda, console) -> int:
     stem = f"{meta['date']}-{_slug(meta['device_name'] if primary.type == 'cuda' else 'cpu')}"
     default = list(GPU_SUITES) if cuda else ["cpu"]
     if sorted(names) != sorted(default):  # a partial run never overwrites the full run's files
-        stem += "-" + "+".join(names)
+        stem += "-" + "_".join(names)
     if quick:
         stem += "-quick"
     run = {"meta": meta, "ceilings": {}, "suites": []}

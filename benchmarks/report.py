@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -297,12 +298,15 @@ class _PlainProgress:
 
     def __init__(self, total: int, title: str):
         self.total, self.title, self.done, self.last, self.t0 = total, title, 0, None, time.perf_counter()
+        self.trace = os.environ.get("TILED_ATTN_BENCH_TRACE", "0") not in ("", "0")
 
     def advance(self, n: int, case: str, provider: str) -> None:
         if case != self.last:
             self.last = case
             print(f"  [{self.title} {self.done}/{self.total} {time.perf_counter() - self.t0:6.1f}s] "
                   f"{case}", flush=True)
+        if self.trace:  # the provider about to run: a crash (segfault) of the process names it
+            print(f"      {provider}", flush=True)
         self.done += n
 
     def close(self) -> None:

@@ -34,3 +34,8 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a") as f:
             f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    # ... and every test's duration, for sizing the GPU job's stages.
+    path = os.environ.get("TILED_ATTN_TIMELOG")
+    if path and report.when == "call":
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.3f} {report.outcome} {report.nodeid}\n")
