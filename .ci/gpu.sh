@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
-#   bash .ci/gpu.sh STAGE...      stages: info build test test_huge sanitize tune bench
+#   bash .ci/gpu.sh STAGE...      stages: info build test test_huge sanitize tune sweep_cuda_attn
+#                                 sweep_softmax bench
 # Each stage logs in full under $OUT (or ./gpu-out); a short summary is printed last.
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
+# Inside the checkout (build/ is git-ignored), so a warm device machine keeps the built extension
+# from one call to the next.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_ext}
 export TILED_ATTN_FAILLOG=${TILED_ATTN_FAILLOG:-$OUT/failures.log}
 export TILED_ATTN_TIMELOG=${TILED_ATTN_TIMELOG:-$OUT/durations.log}
 export TILED_ATTN_BENCH_TRACE=${TILED_ATTN_BENCH_TRACE:-1}
@@ -31,7 +34,11 @@ for s in "$@"; do
     sanitize)
       stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
       stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
-    tune) stage tune 300 python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ;;
+    tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
+    sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \
+            --out "$OUT/cuda_attn_sweep" --build-dir "$PWD/build/cuda_attn_sweep" ${SWEEP_ARGS:-} ;;
+    sweep_softmax) stage sweep_softmax "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_triton_softmax.py \
+            --out "$OUT/softmax_sweep" ${SWEEP_ARGS:-} ;;
     bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;
     *) echo "unknown stage $s" >&2 ;;
   esac

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "softmax/softmax.h"
@@ -185,6 +186,16 @@ void softmax_bwd(const torch::Tensor& y, const torch::Tensor& dy, torch::Tensor&
                "CUDA softmax backward");
 }
 
+// A test hook (tests/test_cuda_softmax.py): throws one kind of C++ exception from this extension's
+// own code, so a process that dies of it (as the first H100 runs did on block_row_reg's limit check)
+// tells apart "any C++ exception thrown here" from "a c10::Error" (whose constructor captures a
+// backtrace by unwinding every frame on the stack).
+void raise_for_test(const std::string& kind) {
+  if (kind == "std") throw std::runtime_error("tiled_attn test exception (std::runtime_error)");
+  TORCH_CHECK_VALUE(kind != "c10", "tiled_attn test exception (c10::ValueError)");
+  TORCH_CHECK_VALUE(false, "kind must be 'std' or 'c10', got '", kind, "'");
+}
+
 #if TILED_ATTN_WITH_ATTENTION
 tiled_attn::AttnStrides attn_strides(const torch::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
@@ -250,6 +261,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("cta_bytes"), py::arg("chunk"));
   m.def("softmax_bwd", &softmax_bwd, "dx = y * (dy - sum(dy * y)) row by row", py::arg("y"), py::arg("dy"),
         py::arg("dx"), py::arg("threads"), py::arg("chunk"), py::arg("stream"));
+  m.def("_raise_for_test", &raise_for_test, "throw a C++ exception of `kind` ('std' or 'c10'): a test hook",
+        py::arg("kind"));
   m.def("softmax_kernels", [] {
     std::vector<std::string> names;
     for (const auto& k : kForwardKernels) names.emplace_back(k.name);

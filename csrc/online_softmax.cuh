@@ -10,6 +10,42 @@
 // of ±1e4 lose nothing to the product's rounding. A max of -inf (only -inf seen) is shifted by 0
 // instead, so exp(-inf − 0) = 0 and the identity state (m = -inf, l = 0) merges without NaN.
 // Includes only CUDA headers (no torch): see DESIGN §2.
+//
+// Error budget of a float32 softmax (DESIGN §4: max|ours − ref| <= 2·max|torch − ref| + eps(fp32),
+// eps = 2^-23 = one ulp of 1.0, i.e. 2 ulps of an output in [0.5, 1), 4 in [0.25, 0.5)). torch's
+// CUDA softmax takes the row max first, then Σ exp(x − max) (expf, per-thread sequential sums, a
+// warp tree), then divides: on the largest output its error is about an ulp, so our margin is a
+// few ulps, not more. Where ours can lose them, and what each verb below does about it:
+//  * each exponential: exp2f (ex2.approx) and torch's expf are both within 2 ulp (CUDA Programming
+//    Guide); exp2f((x − m)·log2 e) adds the product's rounding, |x − m|·2^-24 relative (at most
+//    e^-1·2^-24 absolute on an output e^-(m−x)). For float32 outputs the output's exponential is
+//    torch's own expf(x − m) (exp_out), so the exponentials agree with torch's and the two
+//    results differ only through l; for 16-bit outputs exp2f's one SFU op.
+//  * l, the sum: every time a partial sum is rescaled by exp(m_old − m_new) it takes another
+//    exponential's 2 ulps. A merge butterfly rescales a lane's partial at each level its group's max
+//    moves (up to log2(32) = 5 in a warp, 5 more across warps), on partials that can carry half of
+//    l: that was warp_row's 4-ulp failure at 5 × 1000. So the all-reduces below take the max first
+//    and rescale each partial once (warp_allreduce), the register-cached rows take the row max
+//    before any exponential and never rescale (update_at_max), and a rescale by a max that did not
+//    move is exactly 1, never exp2f(0) (rescale_factor).
+//  * the additions: a float sum rounds at every step, and the one term that matters most, the row
+//    max's exp(0) = 1 (half or more of l in a peaked row), passes through every addition on its
+//    path: 7 roundings of ~l in a 128-thread block (warp tree 5 + block 2), up to 3.5 ulps, ~1
+//    typical; the CPU emulator caught block_shuffle at 3 ulps of a 0.89 output where its float32
+//    torch-like sum happened to be exact. So the cross-thread all-reduces add l in double
+//    (warp_allreduce: one rounding to float per level, at most two per row, for twice the
+//    shuffles of a float sum tree), a register-cached row sums its exponentials in double
+//    (sum_f64: a convert and an add per element on the FP64 pipe, which an H100 SM runs at 64 a
+//    clock: under 10% of it at full memory bandwidth), a streamed tile adds pairwise (log2 of its
+//    16-32 terms), and threads that fold many tiles one after another use CompensatedState
+//    (O(2^-24) at any count).
+//  * the normalize: e · (1/l) rounds twice (1 ulp), e / l once (0.5 ulp). Float32 outputs get the
+//    correctly rounded quotient (normalize_exp), 16-bit outputs the product: their own rounding
+//    (2^-9 or 2^-12 relative) dwarfs the difference.
+// A float64 model of warp_row at 5 × 1000, 4·randn (ex2.approx and expf as uniform ±1-2 ulp noise,
+// 150-300 draws a setting) put the old online butterfly past the rule in 13-32% of draws (up to 3×
+// the allowed error), and the max-first order of operations at <= 0.93× of it (0.99× with exp2f
+// outputs), both with float sums; the double sums above only take error out.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +64,46 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == -CUDART_I
 // ~2 ulp, well inside the numerics rule, and one SFU op.
 __device__ __forceinline__ float exp_shifted(float x, float shift) { return exp2f((x - shift) * kLog2e); }
 
+// exp(x − shift) for an output element. kAccurate (float32 outputs): CUDA's expf of the rounded
+// difference, the very function torch's softmax calls on the same difference, so the exponentials
+// match torch's and only the sum's order differs (expf reduces its argument exactly: no product
+// rounding; ~10 instructions, within a memory-bound kernel's budget). Else exp_shifted (16-bit
+// outputs, whose rounding hides the difference).
+template <bool kAccurate>
+__device__ __forceinline__ float exp_out(float x, float shift) {
+  if constexpr (kAccurate) return expf(x - shift);
+  else return exp_shifted(x, shift);
+}
+
+// exp(m_old − m_new), the factor that moves a sum taken against m_old to the max m_new >= m_old:
+// exactly 1 when the max did not move (no exponential's error on a sum that needs no rescale; -inf
+// to -inf is 1 too, harmless on the identity's l = 0). A NaN m_old compares unequal and stays NaN.
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return m_old == m_new ? 1.f : exp_shifted(m_old, finite_or_zero(m_new));
+}
+
+// Σ term(i) for i < N, accumulated in double: exact for any tile of float exponentials a thread
+// holds (N·2^-53 relative), rounded to float by the caller once (see the error budget at the top).
+template <int N, typename Term>
+__device__ __forceinline__ double sum_f64(const Term& term) {
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += static_cast<double>(term(i));
+  return sum;
+}
+
+// Σ term(i) for i in [kLo, kHi) in float as a balanced tree: a term passes through log2(n)
+// roundings instead of up to n − 1, for the same additions and no wider registers.
+template <int kLo, int kHi, typename Term>
+__device__ __forceinline__ float pairwise_sum(const Term& term) {
+  if constexpr (kHi - kLo == 1) {
+    return term(kLo);
+  } else {
+    constexpr int kMid = (kLo + kHi) / 2;
+    return pairwise_sum<kLo, kMid>(term) + pairwise_sum<kMid, kHi>(term);
+  }
+}
+
 struct OnlineState {
   float m;  // running max
   float l;  // running sum of exp(x − m)
@@ -37,39 +113,72 @@ struct OnlineState {
   // Fold one element.
   __device__ __forceinline__ void update(float x) {
     const float m_new = fmaxf(m, x);
-    const float shift = finite_or_zero(m_new);
-    l = l * exp_shifted(m, shift) + exp_shifted(x, shift);
+    l = l * rescale_factor(m, m_new) + exp_shifted(x, finite_or_zero(m_new));
     m = m_new;
   }
 
-  // Fold a tile held in registers: one max, one rescale, N exponentials (cheaper than N updates).
+  // Fold a tile held in registers: one max, one rescale, N exponentials added pairwise (the
+  // streaming kernels' tiles are 16-32 values: 4-5 roundings on a term's path).
   template <int N>
   __device__ __forceinline__ void update(const float (&x)[N]) {
+    const float m_new = fmaxf(m, max_of(x).m);
+    const float shift = finite_or_zero(m_new);
+    l = l * rescale_factor(m, m_new) + pairwise_sum<0, N>([&](int i) { return exp_shifted(x[i], shift); });
+    m = m_new;
+  }
+
+  // (max of the tile, 0): a state that has seen the tile's max and nothing else. All-reduced, it
+  // gives the row max that update_at_max needs.
+  template <int N>
+  static __device__ __forceinline__ OnlineState max_of(const float (&x)[N]) {
     float tile_max = x[0];
 #pragma unroll
     for (int i = 1; i < N; ++i) tile_max = fmaxf(tile_max, x[i]);
-    const float m_new = fmaxf(m, tile_max);
-    const float shift = finite_or_zero(m_new);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) sum += exp_shifted(x[i], shift);
-    l = l * exp_shifted(m, shift) + sum;
-    m = m_new;
+    return {tile_max, 0.f};
   }
+
+  // Fold a tile none of whose elements exceeds m, m being already the max of the whole row (a row
+  // held on chip whole: its max is all-reduced first). No rescale, ever: every term is exp(x − m)
+  // against the final max, as torch computes it. The tile is overwritten with those exponentials,
+  // which normalize_exp turns into outputs without a second exponential. States built this way
+  // share m, so merging them only adds their l. kAccurate: see exp_out.
+  template <bool kAccurate, int N>
+  __device__ __forceinline__ void update_at_max(float (&x)[N]) {
+    const float shift = finite_or_zero(m);
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = exp_out<kAccurate>(x[i], shift);
+    l = static_cast<float>(static_cast<double>(l) + sum_f64<N>([&](int i) { return x[i]; }));
+  }
+
+  // l taken against a max m_new >= m instead (one rescale; exactly l when m_new == m).
+  __device__ __forceinline__ float l_at(float m_new) const { return l * rescale_factor(m, m_new); }
 
   // Fold another state (disjoint part of the same row).
   __device__ __forceinline__ void merge(const OnlineState& o) {
     const float m_new = fmaxf(m, o.m);
-    const float shift = finite_or_zero(m_new);
-    l = l * exp_shifted(m, shift) + o.l * exp_shifted(o.m, shift);
+    l = l * rescale_factor(m, m_new) + o.l * rescale_factor(o.m, m_new);
     m = m_new;
   }
 
   // Finalize an element: exp(x − m) / l. A row of only -inf gives 0/0 = NaN, like torch.softmax.
   __device__ __forceinline__ float normalize(float x) const { return exp_shifted(x, finite_or_zero(m)) / l; }
-  // The same with 1/l computed once per row (one multiply per element instead of a division).
+  // Finalize an exponential e = exp(x − m) already taken (update_at_max), with inv_l = 1/l (the
+  // IEEE division, once per row). kAccurate (float32 outputs): e / l correctly rounded, by one
+  // Markstein correction of q = e·inv_l (q' = q + (e − q·l)·inv_l with the residual exact in an
+  // FMA: correctly rounded when inv_l is the rounded reciprocal and q within an ulp, which it is;
+  // l >= 1 for any row with a finite max, and 0 or NaN rows stay NaN). Three FP32 ops instead of
+  // div.rn's sequence and its slow-path call (which spilled a register in block_row_smem). Else
+  // e · inv_l: its second rounding a 16-bit output cannot show. See the error budget at the top.
+  template <bool kAccurate>
+  __device__ __forceinline__ float normalize_exp(float e, float inv_l) const {
+    const float q = e * inv_l;
+    if constexpr (kAccurate) return fmaf(fmaf(-q, l, e), inv_l, q);
+    else return q;
+  }
+  // exp(x − m) / l, the exponential and the division as above.
+  template <bool kAccurate>
   __device__ __forceinline__ float normalize(float x, float inv_l) const {
-    return exp_shifted(x, finite_or_zero(m)) * inv_l;
+    return normalize_exp<kAccurate>(exp_out<kAccurate>(x, finite_or_zero(m)), inv_l);
   }
 
   // log Σ exp(x): -inf for an empty row.
@@ -81,20 +190,6 @@ __device__ __forceinline__ OnlineState merge(OnlineState a, const OnlineState& b
   return a;
 }
 
-// All-reduce of the state across kWidth consecutive lanes (32: a warp; 4: the quad that shares a row
-// of an mma fragment). One shfl_xor butterfly carries (m, l) together and merges at every step,
-// instead of a max reduction followed by a sum reduction.
-template <int kWidth = kWarpSize>
-__device__ __forceinline__ OnlineState warp_allreduce(OnlineState s) {
-#pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
-    OnlineState o;
-    o.m = __shfl_xor_sync(0xffffffffu, s.m, offset);
-    o.l = __shfl_xor_sync(0xffffffffu, s.l, offset);
-    s.merge(o);
-  }
-  return s;
-}
 
 template <int kWidth = kWarpSize>
 __device__ __forceinline__ float warp_allreduce_max(float v) {
@@ -108,6 +203,19 @@ __device__ __forceinline__ float warp_allreduce_sum(float v) {
 #pragma unroll
   for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// All-reduce of the state across kWidth consecutive lanes (a warp, or the 8/16-lane groups of
+// warp_row's short rows): the max first, then each lane's l rescaled once to it (exactly 1 on the
+// lane that holds the max) and summed in double, rounded to float once. A merge butterfly would
+// rescale a partial at every level its max moved, and round the sum at every level.
+template <int kWidth = kWarpSize>
+__device__ __forceinline__ OnlineState warp_allreduce(OnlineState s) {
+  const float m = warp_allreduce_max<kWidth>(s.m);
+  double l = s.l_at(m);
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) l += __shfl_xor_sync(0xffffffffu, l, offset);
+  return {m, static_cast<float>(l)};
 }
 
 // All-reduce across a block of kThreads (a multiple of 32, at most 1024): warps reduce, lane 0 of each
@@ -195,6 +303,13 @@ struct AttnRowState {
   __device__ __forceinline__ float p_ftz(float s) const { return exp2_ftz(s - shift()); }
   __device__ __forceinline__ void add(float partial_sum) { l += partial_sum; }
 
+  // The same two steps for scores not yet in log2 units (FA2's scale_apply_exp2): the caller takes
+  // the tile max of the raw scores s and passes c = softmax scale·log2 e, which must be > 0 so that
+  // c·max(s) is the max of c·s. p = exp2(s·c − m) is then one FFMA (product and shift rounded once)
+  // and one SFU op per score, instead of a multiply per score before the max and a subtract after.
+  __device__ __forceinline__ float rescale_raw(float raw_tile_max, float c) { return rescale(raw_tile_max * c); }
+  __device__ __forceinline__ float p_raw_ftz(float s, float c) const { return exp2_ftz(fmaf(s, c, -shift())); }
+
   // Finalize after the row's threads summed l (warp_allreduce_sum<kWidth>): returns 1/l (0 for a row
   // with no visible key, so the output is 0) and writes lse in natural units (-inf for that row).
   __device__ __forceinline__ float finalize(float& lse_out) const {
@@ -253,10 +368,9 @@ struct CompensatedState {
 
   __device__ __forceinline__ void merge(const OnlineState& o) {
     const float m_new = fmaxf(s.m, o.m);
-    const float shift = finite_or_zero(m_new);
-    const float a = exp_shifted(s.m, shift);  // exactly 1 while the max stays put
+    const float a = rescale_factor(s.m, m_new);  // exactly 1 while the max stays put
     const float l = __fmul_rn(s.l, a);
-    const float b = __fmul_rn(o.l, exp_shifted(o.m, shift));
+    const float b = __fmul_rn(o.l, rescale_factor(o.m, m_new));
     const float t = __fadd_rn(l, b);
     const float lost = fabsf(l) >= fabsf(b) ? __fadd_rn(__fsub_rn(l, t), b) : __fadd_rn(__fsub_rn(b, t), l);
     c = __fadd_rn(__fmul_rn(c, a), lost);

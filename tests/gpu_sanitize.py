@@ -15,7 +15,11 @@ Cases: N in {1, 3, 33, 1000, 1025, 4097, 70001} with odd M, a many-rows case, fl
 float16, four layouts (contiguous; transposed: column stride M; a 1-element offset: misaligned base;
 padded rows: row stride N + 5), an all -inf first row, the backward with a matching dy layout; then
 split_row, the backward and block_row_smem again with tiny chunks / CTA shares so that rows are cut
-into many pieces (partial last chunk, cluster CTAs with empty ranges) at these small sizes.
+into many pieces (partial last chunk, cluster CTAs with empty ranges) at these small sizes. A kernel
+that holds a row on chip (block_row_reg, block_row_smem) runs only rows it takes (its limit depends
+on dtype and layout: the extension's softmax_max_cols); the group "limits" runs each of them at its
+limit and checks that one column more raises ValueError, before any launch.
+Every case is printed before it runs (flushed), so a crash names its case.
 --attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways).
 --big adds (2^31/4096 + 2) × 4096 bf16 (row offsets past 2^31) and a transposed 8 × (2^28 + 2)
 (column offsets past 2^31): ~10 GB of device memory, minutes; not for the sanitizer.
@@ -40,6 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 import tiled_attn as ta  # noqa: E402
 from tiled_attn import _checks, configs, reference  # noqa: E402
 from tiled_attn import cuda as tcuda  # noqa: E402
+from tiled_attn.cuda import softmax as csoftmax  # noqa: E402
 from helpers import assert_rule, fresh_seed  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,17 +59,16 @@ class Results:
 
     @contextlib.contextmanager
     def case(self, group: str, what: str):
+        print(f"  {what}", flush=True)  # before it runs: a crash (no report) still names its case
         try:
             yield
             torch.cuda.synchronize()  # an asynchronous CUDA error surfaces here, in this case
             self.counts[(group, "ok")] += 1
-        except ValueError as e:
-            if "takes rows of at most" not in str(e):
-                self._fail(group, what)
-            else:
-                self.counts[(group, "rejected (row too long)")] += 1
         except Exception:  # noqa: BLE001 — record and go on: one report lists every failure
             self._fail(group, what)
+
+    def skip(self, group: str):
+        self.counts[(group, "skipped (row past the kernel's limit)")] += 1
 
     def _fail(self, group, what):
         self.counts[(group, "FAILED")] += 1
@@ -91,7 +95,22 @@ def make(m: int, n: int, dtype: torch.dtype, layout: str, gen: torch.Generator) 
     return x
 
 
+def limit_of(kernel, x: torch.Tensor) -> int:
+    """The longest row `kernel` takes for x's dtype and layout on its device (-1: any), as the
+    extension reports it (tiled_attn/cuda/softmax.py raises ValueError past it)."""
+    if kernel not in csoftmax.ON_CHIP_KERNELS:
+        return -1
+    m, n = x.shape
+    cfg = configs.cuda_softmax_config(kernel, configs.arch(x.device), configs.dtype_key(x.dtype), n)
+    args = csoftmax._launch_args(kernel, cfg, m, n, x.device)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    return tcuda.load(x.device).softmax_max_cols(kernel, x, out, *args)
+
+
 def check_forward(res: Results, x: torch.Tensor, kernel, seed: int, what: str, group: str):
+    if 0 <= limit_of(kernel, x) < x.shape[-1]:
+        res.skip(group)  # the group "limits" checks the ValueError
+        return
     with res.case(group, what):
         y = ta.softmax(x, -1, backend="cuda", kernel=kernel)
         assert_rule(y, torch.softmax(x.double().cpu(), -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed,
@@ -106,6 +125,32 @@ def check_backward(res: Results, x: torch.Tensor, dy: torch.Tensor, seed: int, w
         (dx_torch,) = torch.autograd.grad(torch.softmax(xt, -1), xt, dy)
         ref = reference.softmax_backward(torch.softmax(x.double().cpu(), -1), dy.double().cpu(), -1)
         assert_rule(dx, ref, dx_torch, dtype=x.dtype, seed=seed, what=what)
+
+
+def check_limits(res: Results, kernels, dtypes, seed: int):
+    """Each on-chip kernel at exactly its limit, contiguous (one row: 16-byte packs) and transposed
+    (two rows: the scalar path, a lower limit), and one column more: ValueError before any launch
+    (the check runs in Python; the extension has the same check, and a C++ exception from it must
+    not kill the process either: tests/test_cuda_softmax.py probes that)."""
+    gen = torch.Generator().manual_seed(seed)
+    for kernel in (k for k in csoftmax.ON_CHIP_KERNELS if k in kernels):
+        for dtype in dtypes:
+            dname = str(dtype).replace("torch.", "")
+            for layout, m in (("contiguous", 1), ("transposed", 2)):
+                limit = limit_of(kernel, make(m, 8, dtype, layout, gen))
+                x = make(m, limit, dtype, layout, gen)
+                check_forward(res, x, kernel, seed, f"forward {kernel} at its limit {m}x{limit} {dname} {layout}",
+                              "limits")
+                x = make(m, limit + 1, dtype, layout, gen)
+                what = f"forward {kernel} past its limit {m}x{limit + 1} {dname} {layout}: ValueError"
+                with res.case("limits", what):
+                    assert limit_of(kernel, x) == limit, (limit_of(kernel, x), limit)
+                    try:
+                        ta.softmax(x, -1, backend="cuda", kernel=kernel)
+                    except ValueError as e:
+                        assert f"takes rows of at most {limit} columns" in str(e), str(e)
+                    else:
+                        raise AssertionError("no ValueError")
 
 
 def rows_of(n: int) -> int:
@@ -248,6 +293,7 @@ def main() -> int:
           f"{[k or 'default' for k in (args.kernels or [None, *tcuda.SOFTMAX_KERNELS])]}", flush=True)
     res = Results()
     run_softmax(res, args, seed)
+    check_limits(res, args.kernels or tcuda.SOFTMAX_KERNELS, [DTYPES[d] for d in args.dtypes], seed)
     if args.attention:
         run_attention(res, seed)
     if args.big:
@@ -255,8 +301,8 @@ def main() -> int:
 
     groups = sorted({g for g, _ in res.counts})
     for g in groups:
-        parts = ", ".join(f"{res.counts[(g, s)]} {s}" for s in ("ok", "rejected (row too long)", "FAILED")
-                          if res.counts[(g, s)])
+        parts = ", ".join(f"{res.counts[(g, s)]} {s}" for s in
+                          ("ok", "skipped (row past the kernel's limit)", "FAILED") if res.counts[(g, s)])
         print(f"  {g:<36} {parts}")
     if res.failures:
         print(f"\ngpu_sanitize: {len(res.failures)} FAILED (seed {seed}):", file=sys.stderr)

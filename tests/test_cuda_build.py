@@ -149,7 +149,7 @@ def test_cu_files_include_no_torch():
 # ------------------------------------------------------------------------------------------------
 # the table and the choices made from it
 # ------------------------------------------------------------------------------------------------
-LENGTHS = (1, 3, 2048, 2049, 8192, 8193, 262144, 262145, 10**8)
+LENGTHS = (1, 3, 1024, 1025, 2048, 2049, 8192, 8193, 262144, 262145, 10**8)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm80", "cpu"])
@@ -176,21 +176,30 @@ def h100(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
+# The benchmark's softmax shapes (benchmarks/, both dtypes) and the rule's boundaries: warp_row only
+# while a lane caches at most 32 values (N <= 1024), then a block per row in registers, in shared
+# memory, and split rows for the longest rows or too few rows to fill the SMs.
 @pytest.mark.parametrize("m,n,kernel", [
-    (4096, 1, "warp_row"), (4096, 1000, "warp_row"), (4096, 2048, "warp_row"),
-    (4096, 4097, "block_row_reg"), (512, 32768, "block_row_smem"), (512, 131072, "block_row_smem"),
-    (8, 131072, "split_row"), (8, 4194304, "split_row"), (1, 33554432, "split_row"),
+    (262144, 32, "warp_row"), (65536, 128, "warp_row"), (4096, 1000, "warp_row"), (32768, 1024, "warp_row"),
+    (4096, 1025, "block_row_reg"), (4096, 2048, "block_row_reg"), (8192, 4096, "block_row_reg"),
+    (4096, 8193, "block_row_smem"), (4096, 16384, "block_row_smem"), (512, 131072, "block_row_smem"),
+    (8, 131072, "split_row"), (64, 1048576, "split_row"), (8, 4194304, "split_row"), (1, 33554432, "split_row"),
 ])
-def test_default_kernel_choice(h100, m, n, kernel):
-    x = torch.empty((m, n), device="meta")  # shapes only: nothing is read
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_default_kernel_choice(h100, m, n, kernel, dtype):
+    x = torch.empty((m, n), device="meta", dtype=dtype)  # shapes only: nothing is read
     assert csoftmax.plan(x, x, None)[0] == kernel
 
 
 class _FakeExt:
+    """The extension's softmax_max_cols, answering `limit` for the on-chip kernels; records calls."""
+
     def __init__(self, limit):
         self.limit = limit
+        self.asked = []
 
     def softmax_max_cols(self, kernel, x, out, threads, cluster, cta_bytes, chunk):
+        self.asked.append(kernel)
         return self.limit if kernel in ("block_row_reg", "block_row_smem") else -1
 
 
@@ -198,8 +207,36 @@ def test_default_hands_rows_past_an_on_chip_limit_to_split_row(h100):
     x = torch.empty((6000, 4096), device="meta").t()  # transposed: the scalar path's limit
     assert csoftmax.plan(x, x, None, _FakeExt(8192))[0] == "block_row_reg"
     assert csoftmax.plan(x, x, None, _FakeExt(4096))[0] == "split_row"
-    # a pinned kernel is never swapped: the extension raises ValueError for it instead
-    assert csoftmax.plan(x, x, "block_row_reg", _FakeExt(4096))[0] == "block_row_reg"
+
+
+@pytest.mark.parametrize("kernel", ["block_row_reg", "block_row_smem"])
+def test_pinned_kernel_past_its_limit_raises_value_error_in_python(h100, kernel):
+    """Before the extension is asked to launch (its own check is a C++ exception: the first H100 runs
+    died of it, tests/test_cuda_softmax.py probes it), naming the kernel, the limit and the length."""
+    x = torch.empty((3, 4097), device="meta")
+    ext = _FakeExt(4096)
+    with pytest.raises(ValueError, match=rf"kernel='{kernel}' takes rows of at most 4096 columns .* got 4097 "
+                                         r"\(kernel='split_row' or kernel=None take any length\)"):
+        csoftmax.plan(x, x, kernel, ext)
+    assert ext.asked == [kernel]
+    assert csoftmax.plan(x[:, :4096], x[:, :4096], kernel, ext)[0] == kernel  # at the limit: taken
+
+
+def test_only_on_chip_kernels_ask_the_extension_for_a_limit(h100):
+    """The limit costs a call into the extension: the other kernels (limit -1 there) skip it."""
+    x = torch.empty((3, 5000), device="meta")
+    ext = _FakeExt(10)
+    for kernel in tcuda.SOFTMAX_KERNELS:
+        if kernel not in csoftmax.ON_CHIP_KERNELS:
+            assert csoftmax.plan(x, x, kernel, ext)[0] == kernel
+    assert ext.asked == []
+
+
+def test_on_chip_kernels_are_the_ones_the_bindings_limit():
+    bindings = (CSRC / "bindings.cpp").read_text()
+    body = bindings[bindings.index("int64_t max_cols("):]
+    body = body[:body.index("\n}\n")]
+    assert tuple(re.findall(r'kernel == "(\w+)"', body)) == csoftmax.ON_CHIP_KERNELS
 
 
 @pytest.mark.parametrize("m,n", [(1, 33554432), (8, 4194304), (1, 131072), (512, 131072), (3, 70001),

@@ -55,19 +55,41 @@ DEFAULT_BACKEND = {
 # Triton softmax (tiled_attn/triton/softmax.py) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
 # Key: (kernel, arch, dtype, size class). dtype may be "any"; the size class is an upper bound on N
-# (the row length): a row of N columns takes the smallest class >= N among the rows for its
-# (kernel, arch, dtype). Lookup order (triton_softmax_config): exact arch before "any", exact dtype
-# before "any" dtype, then the class. Kernels: the forward "row", "online", "split" and the backward
+# (the row length). Lookup (triton_softmax_config): exact arch before "any", exact dtype before
+# "any" dtype; the first of these (kernel, arch, dtype) tables whose largest class covers N gives
+# the row of the smallest class >= N. So measured "sm90" rows may cover only the sizes they were
+# measured at (the sweep's ladder), and longer rows fall through to the "any" rows.
+# Kernels: the forward "row", "online", "split", "split_sync" (the single pass) and the backward
 # "backward_row" (row on chip), "backward_online" (looped), "backward_split".
 # Fields: BLOCK_M rows × BLOCK_N columns per tile ("row"/"backward_row" take BLOCK_N =
-# next_pow2(N): the whole row is the tile); num_warps, num_stages as Triton launch options;
+# next_pow2(N): the whole row is the tile); num_warps, num_stages as Triton launch options (the
+# launch option num_stages pipelines nothing in these kernels: their loads feed no dot);
 # PROGRAMS_PER_SM sizes a persistent grid by a fixed count per SM (kernels without it that loop over
-# rows get as many programs as fit on an SM, from the compiled kernel's registers/shared memory);
-# the split kernels aim for PROGRAMS_PER_SM·SMs programs in all and cut a row into chunks of at
-# least MIN_TILES tiles.
+# rows get as many programs as fit on an SM, from the compiled kernel's occupancy); the split
+# kernels aim for PROGRAMS_PER_SM·SMs programs in all and cut a row into chunks of at least
+# MIN_TILES tiles. Optional fields (absent = the default in brackets):
+#   STAGES [1]    > 1: software-pipeline the kernel's tile loop (the row kernel: its row-block loop)
+#                 through tl.range(num_stages=STAGES), i.e. cp.async copies STAGES − 1 tiles ahead
+#                 into shared memory (STAGES − 1 tiles of shared memory per program).
+#   EVICT [False] cache hints: first reads that a later pass re-reads evict_last, last reads
+#                 evict_first, output stores streaming (.cs).
+#   WAVES [1]     "row": the persistent grid is WAVES × the programs that fit at once; 0 = one
+#                 program per row block.
+#   maxnreg       a register cap per thread for ptxas (more programs per SM); every row with one is
+#                 compiled by the sm_90a spill test.
+#   SINGLE_PASS [False]  "split": use the single-pass kernel (its "split_sync" row) for this size
+#                 class, and choose "split" for it whatever M (it reads x once, so it beats
+#                 "online"); the two-kernel fields of the row are its fallback.
+#   "split_sync": BLOCK_N columns per program held in registers across the wait, CHUNK_TILES the
+#                 fewest tiles per program (1: x read once; the wrapper raises it until a row fits
+#                 the co-resident programs, the extra tiles re-read from L2), PREFETCH (load the
+#                 next row's tile during the wait, T = 1 only), MAX_SPIN (polls before a wait gives
+#                 up and writes NaN: see softmax_split_sync.py).
 #
-# The "any" rows are first guesses for the H100, NOT yet measured: re-measure them with the
-# softmax benchmark and record the figures in benchmarks/results/ before trusting them. Reasoning:
+# The "any" rows are first guesses for the H100, partly measured (benchmark 2026-11-22,
+# /work/notes/gpu/call6: "row" 88-93% of copy fp32 and bf16, "online" 64%, "split" 24-65%); the
+# "sm90" rows that benchmarks/sweep_triton_softmax.py writes replace them per measured size.
+# Reasoning behind the "any" rows:
 # * 16-byte loads need 4 fp32 / 8 bf16 consecutive elements per thread; tiles hold 16-32 elements
 #   per thread, i.e. 4-8 loads in flight per thread for fp32, enough with several programs per SM
 #   (the H100 needs ~3.3 MB in flight, ~25 KB per SM, to cover DRAM latency at 3.35 TB/s).
@@ -78,16 +100,19 @@ DEFAULT_BACKEND = {
 #   compiled without a GPU by tests/test_softmax.py::test_triton_kernels_compile_for_sm90a, which
 #   fails on any spill of these rows): fp32 16384 columns / 16 warps: 62 registers per thread,
 #   32768 / 32 warps: 48, no spills in either (exp(x − m) is recomputed, not kept), so rows up to
-#   32768 columns run on chip (1-2 programs per SM). 16-bit inputs use the same element tiles
-#   because registers hold the float32 values, so registers, not bytes, bound the tile.
+#   32768 columns run on chip (1-2 programs per SM). A bf16 tile of the same elements is half the
+#   bytes in flight (measured 86-88% of copy where fp32 reaches 92%): the sweep tries larger bf16
+#   tiles, the cp.async-pipelined loop (STAGES) and a non-persistent grid (WAVES = 0).
 # * "online"/"backward_online": one program per SM keeps the rows in flight small enough for the
 #   reverse re-read to hit L2 (132 × 512 KB rows = 66 MB vs 50 MB of L2), so that one program
-#   alone must keep enough bytes in flight: 32 KB tiles over 16 warps. Triton 3.6 does not
-#   software-pipeline these loads (they feed no dot: the compiled kernels stage nothing in shared
-#   memory), so num_stages has no effect on any softmax kernel today; big tiles and several
-#   programs per SM are what keep bytes in flight. Sweep PROGRAMS_PER_SM 1/2 × BLOCK_N on the GPU.
+#   alone must keep enough bytes in flight: 32 KB tiles over 16 warps, and (sweep) STAGES.
 # * "split": ~4 programs per SM in all (4 × 16 KB in flight per SM), chunks of >= 4 tiles so the
 #   per-chunk setup and the merge are amortized.
+# * "split_sync": 8192 columns over 8 warps is 32 fp32 values a thread; the kernel needs 116-128
+#   registers uncapped (2 programs an SM) and 80 with maxnreg=80 without a spill (ptxas, sm_90a):
+#   3 programs an SM, 396 on the H100 holding 12.7 MB of rows, e.g. 24 rows of 131072 fp32
+#   columns (S = 16) at a time. MAX_SPIN: 65536 polls of an L2 line (~1 µs each with the block
+#   barriers around them) bound a wait at ~65 ms, where a real one lasts microseconds.
 # * "backward_row" holds y and dy: half the elements of "row" per tile.
 # * BLOCK_N_STRIDED: the tile when a row's columns are strided (a transposed view): every element
 #   is then its own load with a 64-bit address, and a 16K-element tile spills (ptxas: online bf16,
@@ -115,16 +140,14 @@ TRITON_SOFTMAX: dict = {
                                          num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
     # ---- split: S programs per row, 16 KB tiles ----------------------------------------------
     ("split", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
-                                         num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4),
+                                         num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4,
+                                         SINGLE_PASS=False),
     ("split", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
-                                        num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4),
-    # ---- split, single pass (softmax_split_sync.py; off by default, see TRITON_SOFTMAX_DEFAULT):
-    # a BLOCK_N chunk per program held in registers across the wait, 32 fp32 registers per thread
-    # like the row kernel's 8192 class, so ~4 programs per SM: 528 co-resident programs hold
-    # ~17 MB of rows, e.g. 33 rows of 131072 fp32 columns (S = 16) at a time. MAX_SPIN bounds the
-    # wait: 65536 polls of an L2 line, ~50 ms, where a real wait lasts microseconds, so a broken
-    # invariant shows as a wrong answer within seconds and can never hang the GPU.
-    ("split_sync", "any", "any", _INF): dict(BLOCK_N=8192, num_warps=8, num_stages=1,
+                                        num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4,
+                                        SINGLE_PASS=False),
+    # ---- split, single pass (softmax_split_sync.py): used where a "split" row sets SINGLE_PASS
+    ("split_sync", "any", "any", _INF): dict(BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8,
+                                             num_stages=1, maxnreg=80, CHUNK_TILES=1,
                                              MAX_SPIN=1 << 16),
     # ---- backward ----------------------------------------------------------------------------
     ("backward_row", "any", "any", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2),
@@ -137,8 +160,9 @@ TRITON_SOFTMAX: dict = {
     # looped / split backward: y and dy tiles of 16 KB each
     ("backward_online", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
                                                    num_warps=8, num_stages=1, PROGRAMS_PER_SM=1),
+    # 16 warps: at 8, the fused-multiply-add accumulation spills 16 bytes in bf16 (ptxas, sm_90a).
     ("backward_online", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
-                                                  num_warps=8, num_stages=1, PROGRAMS_PER_SM=1),
+                                                  num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
     ("backward_split", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
                                                   num_warps=8, num_stages=1, PROGRAMS_PER_SM=4,
                                                   MIN_TILES=4),
@@ -154,30 +178,29 @@ TRITON_SOFTMAX: dict = {
     ("online", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1, num_stages=1,
                                          PROGRAMS_PER_SM=1),
     ("split", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1, num_stages=1,
-                                        PROGRAMS_PER_SM=2, MIN_TILES=1),
-    ("split_sync", "cpu", "any", _INF): dict(BLOCK_N=256, num_warps=1, num_stages=1, MAX_SPIN=4),
+                                        PROGRAMS_PER_SM=2, MIN_TILES=1, SINGLE_PASS=False),
+    ("split_sync", "cpu", "any", _INF): dict(BLOCK_N=256, num_warps=1, num_stages=1, CHUNK_TILES=1,
+                                             MAX_SPIN=4),
     ("backward_row", "cpu", "any", 32): dict(BLOCK_M=16, num_warps=1, num_stages=1),
     ("backward_row", "cpu", "any", 32768): dict(BLOCK_M=1, num_warps=1, num_stages=1),
     ("backward_online", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1,
                                                   num_stages=1, PROGRAMS_PER_SM=1),
     ("backward_split", "cpu", "any", _INF): dict(BLOCK_M=4, BLOCK_N=256, num_warps=1,
                                                  num_stages=1, PROGRAMS_PER_SM=2, MIN_TILES=1),
+    # ---- sm90: measured on the H100 by benchmarks/sweep_triton_softmax.py (paste its --out rows
+    # here, with the date and the run's copy bandwidth).
 }
 
 # The default kernel (kernel=None) per (arch, dtype): "row" while N <= row_max_n (fits in
 # registers; "backward_row" while N <= backward_row_max_n, two tensors on chip), else "split" when
-# M < split_rows_per_sm × SMs (too few rows to give every SM work), else "online". The H100 guess
-# (to be re-measured): rows up to 32K columns fit one program's registers without spilling (see
-# above; 16K for the backward, which holds y and dy); fewer than 2 rows per SM leaves SMs idle.
-# "cpu" (interpreter) uses a small row limit and a pretend SM count so CI exercises every default
-# path at small sizes. split_single_pass makes "split" use the one-read cooperative kernel where a
-# row fits in co-resident programs (S > 1 only on a GPU). It is off until the benchmark shows it
-# beats the two-kernel split: when written it was compiled for sm_90a but never run.
+# M < split_rows_per_sm × SMs (too few rows to give every SM work) or the "split" row of N's size
+# class sets SINGLE_PASS, else "online". The H100 guess: rows up to 32K columns fit one program's
+# registers without spilling (see above; 16K for the backward, which holds y and dy); fewer than 2
+# rows per SM leaves SMs idle. "cpu" (interpreter) uses a small row limit and a pretend SM count so
+# CI exercises every default path at small sizes.
 TRITON_SOFTMAX_DEFAULT: dict = {
-    ("any", "any"): dict(row_max_n=32768, backward_row_max_n=16384, split_rows_per_sm=2,
-                         split_single_pass=False),
-    ("cpu", "any"): dict(row_max_n=1024, backward_row_max_n=1024, split_rows_per_sm=2, sm_count=4,
-                         split_single_pass=False),
+    ("any", "any"): dict(row_max_n=32768, backward_row_max_n=16384, split_rows_per_sm=2),
+    ("cpu", "any"): dict(row_max_n=1024, backward_row_max_n=1024, split_rows_per_sm=2, sm_count=4),
 }
 
 
@@ -198,16 +221,22 @@ def _triton_softmax_index() -> dict:
 
 
 def triton_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
-    """The TRITON_SOFTMAX row for a row of `n` columns; KeyError when no class covers n."""
+    """The TRITON_SOFTMAX row for a row of `n` columns: from the most specific (arch, dtype) table
+    of `kernel` that covers n; KeyError when none does."""
     index = _triton_softmax_index()
+    largest = None
     for a in dict.fromkeys((arch_, "any")):
         for d in dict.fromkeys((dtype, "any")):
             bounds = index.get((kernel, a, d))
-            if bounds:
-                if n > bounds[-1]:
-                    raise KeyError(f"{kernel!r} has no launch config for rows of {n} columns "
-                                   f"(at most {bounds[-1]} on {a}/{d})")
+            if not bounds:
+                continue
+            if n <= bounds[-1]:
                 return TRITON_SOFTMAX[(kernel, a, d, bounds[bisect.bisect_left(bounds, n)])]
+            largest = largest or (a, d, bounds[-1])
+    if largest:
+        a, d, bound = largest
+        raise KeyError(f"{kernel!r} has no launch config for rows of {n} columns "
+                       f"(at most {bound} on {a}/{d})")
     raise KeyError(f"no launch config for {kernel!r} on {arch_}/{dtype}: add a row to TRITON_SOFTMAX")
 
 
@@ -235,9 +264,13 @@ def triton_softmax_default(arch_: str, dtype: str) -> dict:
 #
 # The "any" rows are reasoned H100 guesses, NOT yet measured (re-measure with the softmax benchmark
 # and add "sm90" rows with the figures' file in benchmarks/results/):
-# * N <= 2048: a warp per row in registers (warp_row): no barrier, 1 read + 1 write; 4 warps a
-#   block so an SM holds 16 blocks.
-# * N <= 8192: a block per row in registers (block_row_reg), 256 threads × up to 32 floats.
+# * N <= 1024: a warp per row in registers (warp_row): no barrier, 1 read + 1 write; 4 warps a
+#   block. At most 32 cached values a lane (63 registers fp32, 80 bf16 on sm_90a): 6-8 blocks,
+#   24-32 warps an SM, each lane with 4-8 16-byte loads in flight. Caching 2048 columns took 64
+#   floats a lane at ~200 registers, 2 blocks an SM, nothing to overlap one warp's reduction with
+#   another's loads: past 1024 warp_row now streams, and the default is block_row_reg.
+# * N <= 8192: a block per row in registers (block_row_reg), 256 threads × 8 (N ~ 1K-2K) to 32
+#   (8K) cached floats, at most 64 registers (its __launch_bounds__).
 # * N <= 256K: the row in shared memory (block_row_smem); 64 KB per CTA keeps 3 CTAs an SM (228 KB)
 #   so one CTA's reduction overlaps another's loads; longer rows spread over a cluster (sm_90).
 #   Fewer than 64 rows leave SMs idle (64 × a few CTAs < 132 SMs × 3): split_row instead.
@@ -246,7 +279,7 @@ def triton_softmax_default(arch_: str, dtype: str) -> dict:
 #   split past 16K columns.
 _CUDA_ANY_N = float("inf")
 CUDA_SOFTMAX: dict = {
-    ("default", "any", "any", 2048): dict(kernel="warp_row"),
+    ("default", "any", "any", 1024): dict(kernel="warp_row"),
     ("default", "any", "any", 8192): dict(kernel="block_row_reg"),
     ("default", "any", "any", 262144): dict(kernel="block_row_smem", few_rows=64,
                                             few_rows_kernel="split_row"),
@@ -295,33 +328,87 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # wildcards, arch before "any"). kernel "fwd" (attention_fwd.py) or "decode" (attention_decode.py);
 # D class "d64" (D <= 64), "d128" (D <= 128), "d256"; size class "short" (Nk <= 1024) or "long".
 # fwd rows: BLOCK_M (query rows resident per program), BLOCK_N (keys per step), num_warps,
-# num_stages. decode rows add the dispatch and split heuristics: max_rows, max_q (use the split-KV
-# kernel when Nq·Hq/Hkv <= max_rows, or Nq <= max_q: with a big GQA group it then packs several
-# row tiles, each still reading K/V once for its heads, where the forward kernel would read them
-# once per query head), waves (aim for waves·SMs programs), min_split_keys (a split reads at
-# least this many keys: below, the partial write and merge outweigh the parallelism), merge_rows /
-# merge_warps (the merge kernel). BLOCK_M of a decode row is the largest packed tile (the wrapper
-# shrinks it to the next power of two >= 16 rows that holds Nq·G).
+# num_stages, and the kernel-structure switches (TRITON_ATTENTION_DEFAULTS fills the ones a row
+# leaves out; attention_fwd.py says what each does): FMA (scores kept raw, exp2 argument as one
+# fused multiply-add; used only when scale > 0), LATE_L (row sum after the P·V product is issued),
+# ADDR "ptr" | "offs" | "tma" (how K/V tiles are addressed; "tma" falls back to "offs" where TMA's
+# alignment rules fail, for float32 and for decode). decode rows add the dispatch and split
+# heuristics: max_rows, max_q (use the split-KV kernel when Nq·Hq/Hkv <= max_rows, or Nq <= max_q:
+# with a big GQA group it then packs several row tiles, each still reading K/V once for its heads,
+# where the forward kernel would read them once per query head), waves (aim for waves·SMs programs:
+# the number resident per SM at once, so the split grid is one wave), min_split_keys (a split reads
+# at least this many keys: below, the partial write and merge outweigh the parallelism),
+# merge_warps (the merge kernel, one program per query row). BLOCK_M of a decode row is the
+# largest packed tile (the wrapper shrinks it to the next power of two >= 16 rows that holds Nq·G).
+#
+# The table is a _Table: a dict that counts its changes, so the wrapper's cached launch plans are
+# rebuilt after any row is set, replaced or removed (replace rows; do not edit a row in place).
 #
 # The "any" rows are reasoned H100 guesses, not timings (2026-11, before the first sweep), checked
-# only by compiling each for sm_90 offline (triton.compile, cuobjdump --dump-resource-usage: no
-# register spills, shared memory within 227 KB, wgmma + cp.async pipelining present):
+# only by compiling each for sm_90 offline (triton.compile, ptxas -v: no register spills, shared
+# memory within 227 KB, wgmma + cp.async pipelining present; tests/test_attention.py::
+# test_triton_attention_compiles_for_sm90a re-checks every sm90/"any" row and sweep candidate):
 # D <= 64: 128x64 tiles at 4 warps (242 regs, 64 KB smem); D = 128: 8 warps for the 128-row fp32
 # accumulator (222 regs, 128 KB smem); D = 256: 128x32 (236 regs, 128 KB) — 64x64 spills. float32
-# runs the ieee dot on the FMA units, which holds whole operand rows in registers: 32x16 tiles at
-# 8 warps are the largest without spills for D >= 128. Decode: 4 warps, 64-key tiles (16-row packed
-# tile: 140 regs); D = 256 needs 8 warps for a 64-row packed tile. Replace these with the output of
-# benchmarks/tune_triton_attention.py (rows for "sm90").
+# runs the ieee dot on the FMA units, in SPLIT_D chunks of 16 head dims (attention_fwd.py), which
+# hold whole operand rows and a [chunks, BLOCK_M, BLOCK_N] partial in registers: the largest tiles
+# without spills (ptxas, 2026-11) are 32x16 at 8 warps for D <= 64 and 16x16 at 8 warps above
+# (32x16 spills 12 bytes at D = 40 at 4 warps, 12-28 bytes at D = 128/224 at 8; 16x16 at 4 warps
+# 4-16 bytes at D = 96). Decode: 4 warps,
+# 64-key tiles (16-row packed tile: 128-168 regs, 70 KB of shared memory at 3 stages, so 3 programs
+# fit an SM); D = 256 needs 8 warps for a 64-row packed tile.
 # "cpu" rows are for the Triton interpreter (CI): small enough that the test shapes cross several
 # tiles, the diagonal band and the ragged edges, large enough that the interpreter (~10 ms per key
 # tile, measured) keeps the test file within minutes; tests/test_attention.py::test_tile_shapes
-# covers 16-wide and unequal BLOCK_M/BLOCK_N tiles.
-_DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256,
-                      "merge_rows": 16, "merge_warps": 4}
-TRITON_ATTENTION: dict = {
+# covers 16-wide and unequal BLOCK_M/BLOCK_N tiles, test_kernel_variants every FMA/LATE_L/ADDR.
+
+
+class _Table(dict):
+    """A dict that counts its changes (`version`), for caches built from its rows."""
+    version = 0
+
+    def _changed(self):
+        self.version += 1
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def pop(self, *args):
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        self._changed()
+        return super().setdefault(key, default)
+
+
+# The kernel-structure fields a row may leave out: the first version's kernel.
+TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr"}
+_DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256, "merge_warps": 4}
+_SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64,
+                "max_q": 8, "waves": 2, "min_split_keys": 1024, "merge_warps": 4}
+TRITON_ATTENTION: dict = _Table({
     # sm90 rows: measured on the H100 by benchmarks/tune_triton_attention.py (2026-11-22, bf16;
     # the winner per key by geometric-mean time over the benchmark grid's shapes, each candidate
     # first checked against SDPA). fp16 takes the bf16 rows: same tensor-core rate and tile sizes.
+    # That sweep predates the FMA/LATE_L/ADDR switches and the per-row merge kernel: re-run it.
     ("fwd", "sm90", "bf16", "d64", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "sm90", "bf16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "sm90", "bf16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
@@ -334,7 +421,7 @@ TRITON_ATTENTION: dict = {
     ("fwd", "sm90", "bf16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "bf16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "bf16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("decode", "sm90", "bf16", "d128", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 1024, "merge_rows": 16, "merge_warps": 4},
+    ("decode", "sm90", "bf16", "d128", "*", "*"): dict(_SM90_DECODE),
     ("fwd", "sm90", "fp16", "d64", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "sm90", "fp16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "sm90", "fp16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
@@ -347,12 +434,12 @@ TRITON_ATTENTION: dict = {
     ("fwd", "sm90", "fp16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "fp16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "fp16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("decode", "sm90", "fp16", "d128", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 1024, "merge_rows": 16, "merge_warps": 4},
+    ("decode", "sm90", "fp16", "d128", "*", "*"): dict(_SM90_DECODE),
     ("fwd", "any", "*", "d64", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "any", "*", "d128", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
     ("fwd", "any", "*", "d256", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
-    ("fwd", "any", "fp32", "d64", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    ("fwd", "any", "fp32", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
+    ("fwd", "any", "fp32", "d64", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
+    ("fwd", "any", "fp32", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
     ("decode", "any", "*", "*", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                                              **_DECODE_HEURISTICS},
     ("decode", "any", "*", "d256", "*", "*"): {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3,
@@ -362,24 +449,30 @@ TRITON_ATTENTION: dict = {
     ("fwd", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1},
     ("decode", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1,
                                              "max_rows": 64, "max_q": 8, "waves": 1,
-                                             "min_split_keys": 32, "merge_rows": 16, "merge_warps": 1},
-}
+                                             "min_split_keys": 32, "merge_warps": 1},
+})
 
 # ---------------------------------------------------------------------------------------------
 # CUDA attention (csrc/attention/) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
-# Key: ("fwd", arch, dtype, D); dtype "*" (fp16 and bf16 share a tile). A MIRROR of TileConfig<D> in
-# csrc/attention/flash_fwd.cuh, which is what the kernel runs (tile sizes are template arguments):
-# change both together (tests/test_cuda_attention_kernel.py checks they agree). block_m: query rows per
-# CTA, block_n: keys per pipeline tile, warps, stages: K and V slots in shared memory, q_in_regs: Q's mma
-# fragments held in registers for the whole key loop. Rows follow FlashAttention-2's sm80/sm90 choices
-# (D = 32/64 differ: see flash_fwd.cuh); every row compiles with 0 spill bytes for sm_90a (ptxas -v,
-# 2026-11, nvcc 13.0), none is measured on the H100 yet. smem_bytes = (block_m + 2·stages·block_n)·(D+8)·2.
+# Key: ("fwd", arch, dtype, D) for every launch, and ("fwd", arch, dtype, D, "causal") where causal
+# launches take a different row; dtype "*" (fp16 and bf16 share a tile). A MIRROR of TileConfig<D>
+# (and TileConfig<D, true>) in csrc/attention/flash_fwd.cuh, which is what the kernel runs (the tile
+# is template arguments): change both together (tests/test_cuda_attention_kernel.py checks they
+# agree). block_m: query rows per CTA, block_n: keys per pipeline tile, warps, stages: K (and V) slots
+# in shared memory, flags: q_in_regs (Q's mma fragments held in registers for the whole key loop),
+# fold (softmax scale folded into the exp2 FFMA), lean (unpredicated K/V copies of whole tiles),
+# joint (one barrier per key tile), skew (two warp groups half an iteration apart), lazy (accumulator
+# rescale skipped when no row max moved) — flash_fwd.cuh says what each does and why; min_blocks:
+# CTAs per SM the register allocation must allow. Rows follow FlashAttention-2's sm80/sm90 choices
+# until benchmarks/sweep_cuda_attention.py measures the variants on the H100 (its report prints the
+# rows to paste here). Every row compiles with 0 spill bytes for sm_90a (ptxas -v, nvcc 13.0).
+# smem_bytes = (block_m + (2·stages + skew)·block_n)·(D+8)·2.
 CUDA_ATTENTION: dict = {
-    ("fwd", "any", "*", 32): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": True},
-    ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": True},
-    ("fwd", "any", "*", 96): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": False},
-    ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "q_in_regs": False},
-    ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "q_in_regs": False},
-    ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "q_in_regs": False},
+    ("fwd", "any", "*", 32): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs",), "min_blocks": 1},
+    ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs",), "min_blocks": 1},
+    ("fwd", "any", "*", 96): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": (), "min_blocks": 1},
+    ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": (), "min_blocks": 1},
+    ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "flags": (), "min_blocks": 1},
+    ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "flags": (), "min_blocks": 1},
 }

@@ -1,11 +1,9 @@
-// flash_fwd.cu: attention_fwd (attention.h): argument checks, Params, and the dispatch over head dim
-// and dtype to the instantiations in flash_fwd_hdim*.cu. The Python wrapper
+// flash_fwd.cu: attention_fwd (attention.h): argument checks and Params (make_params in flash_fwd.cuh),
+// and the dispatch over head dim and dtype to the instantiations in flash_fwd_hdim*.cu. The Python wrapper
 // (tiled_attn/cuda/attention.py) has already raised a ValueError for anything rejected here; these
 // checks keep a direct C++ caller from launching on bad input.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
-#include <climits>
 
 #include "../online_softmax.cuh"
 #include "attention.h"
@@ -35,13 +33,6 @@ cudaError_t dispatch_head_dim(const flash_fwd::Params& p, int64_t head_dim, int 
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-// 16-byte cp.async / stores need every row start 16-byte aligned: strides in multiples of 8 elements
-// (the stride of a dim of size 1 is never multiplied by a nonzero index, so any value is fine there).
-bool strides_ok(const AttnStrides& s, int64_t batch, int64_t heads, int64_t seqlen) {
-  return (batch <= 1 || s.batch % 8 == 0) && (heads <= 1 || s.head % 8 == 0) && (seqlen <= 1 || s.seq % 8 == 0);
-}
-
 }  // namespace
 
 cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -51,41 +42,12 @@ cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const v
                           cudaStream_t stream) {
   if (!attention_head_dim_supported(head_dim)) return cudaErrorInvalidValue;
   if (dtype != AttnDtype::kFloat16 && dtype != AttnDtype::kBFloat16) return cudaErrorInvalidValue;
-  if (batch < 0 || heads_q < 0 || heads_kv <= 0 || heads_q % heads_kv != 0) return cudaErrorInvalidValue;
-  if (heads_q > 0 && batch > INT_MAX / heads_q) return cudaErrorInvalidValue;  // (batch, head) index is an int
-  // Sequence positions are ints inside the kernel (every offset built from them is 64-bit).
-  if (seqlen_q < 0 || seqlen_k < 0 || seqlen_q > INT_MAX - 256 || seqlen_k > INT_MAX - 256) {
-    return cudaErrorInvalidValue;
-  }
-  if (batch == 0 || heads_q == 0 || seqlen_q == 0) return cudaSuccess;  // nothing to write
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) ||
-      !strides_ok(q_stride, batch, heads_q, seqlen_q) || !strides_ok(k_stride, batch, heads_kv, seqlen_k) ||
-      !strides_ok(v_stride, batch, heads_kv, seqlen_k) || !strides_ok(o_stride, batch, heads_q, seqlen_q)) {
-    return cudaErrorMisalignedAddress;
-  }
-
-  flash_fwd::Params p{};
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.out = out;
-  p.lse = lse;
-  p.q_batch = q_stride.batch, p.q_head = q_stride.head, p.q_seq = q_stride.seq;
-  p.k_batch = k_stride.batch, p.k_head = k_stride.head, p.k_seq = k_stride.seq;
-  p.v_batch = v_stride.batch, p.v_head = v_stride.head, p.v_seq = v_stride.seq;
-  p.o_batch = o_stride.batch, p.o_head = o_stride.head, p.o_seq = o_stride.seq;
-  p.heads_q = static_cast<int>(heads_q);
-  p.group = static_cast<int>(heads_q / heads_kv);
-  p.bh_offset = 0;
-  // Beyond [-Nq, Nk] the offset changes nothing (every row sees all keys, or none), and clamped
-  // there i + offset + 1 cannot overflow in the kernel.
-  p.causal_offset = causal_offset < -seqlen_q ? -seqlen_q : (causal_offset > seqlen_k ? seqlen_k : causal_offset);
-  p.seqlen_q = static_cast<int>(seqlen_q);
-  p.seqlen_k = static_cast<int>(seqlen_k);
-  p.scale_log2 = scale * kLog2e;
-  p.causal = causal;
-
-  const int batch_heads = static_cast<int>(batch * heads_q);
+  flash_fwd::Params p;
+  int batch_heads;
+  const cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                                 q_stride, k_stride, v_stride, o_stride, scale, causal,
+                                                 causal_offset, p, batch_heads);
+  if (err != cudaSuccess || batch_heads == 0) return err;
   return dtype == AttnDtype::kFloat16 ? dispatch_head_dim<__half>(p, head_dim, batch_heads, stream)
                                       : dispatch_head_dim<__nv_bfloat16>(p, head_dim, batch_heads, stream);
 }

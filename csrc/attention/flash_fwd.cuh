@@ -1,10 +1,16 @@
-// flash_fwd.cuh: what the dispatcher (flash_fwd.cu) and the per-head-dim instantiations
-// (flash_fwd_hdim*.cu) share: the kernel's parameters, the tile configuration per head dim, and the
-// launcher's declaration. No kernel code here, so flash_fwd.cu compiles in seconds.
+// flash_fwd.cuh: what the dispatcher (flash_fwd.cu), the per-head-dim instantiations
+// (flash_fwd_hdim*.cu) and the sweep build (sweep/) share: the kernel's parameters, the kernel
+// configuration (a Cfg type: tile shape, warps, stages, schedule flags), the default Cfg per head dim,
+// the host-side argument checks, and the launchers' declarations. No kernel code here, so
+// flash_fwd.cu compiles in seconds.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <cuda_runtime.h>
+
+#include "../online_softmax.cuh"
+#include "attention.h"
 
 namespace tiled_attn {
 namespace flash_fwd {
@@ -31,60 +37,141 @@ struct Params {
   bool causal;
 };
 
-// Tile shape per head dim: FlashAttention-2's sm80/sm90 forward choices (flash_fwd_launch_template.h,
-// non-dropout rows for A100/H100; reasons in its comments) where they compile without spills here:
-// D = 96/128 take 128x64 at 4 warps (two CTAs per SM; 8 warps measured 28% slower there); D = 192
-// takes 128x64 at 8 warps; D = 256 on H100 takes 64x64 at 4 warps so two CTAs fit in 228 KB.
-// D = 32/64: FA2's 128x128 (a 128-float score tile per thread) spills in this kernel (ptxas, sm_90a,
-// nvcc 13.0), so they take 128x64 with Q in registers (168 / 255 registers, no spill), which also
-// reads less shared memory per mma (128 vs 144 bytes of ldmatrix at D = 64). None of this is
-// measured on the H100 yet: the sweep that replaces these rows goes in benchmarks/.
+// ---------------------------------------------------------------------------------------------
+// Kernel configuration. Cfg<kBlockM, kBlockN, kWarps, kStages, kFlags, kMinBlocks = 1>:
 //   kBlockM: query rows per CTA (resident), kBlockN: keys per pipeline tile, kWarps: each warp owns
-//   kBlockM / kWarps query rows (16 or 32), kStages: K/V tile slots in shared memory (1 = FA2's
-//   single K and single V buffer; 2 = the next tile's K and V load during this tile's math),
-//   kQInRegs: the Q tile's mma fragments are loaded from shared memory once and kept in registers
-//   (only where ptxas shows no spills; otherwise Q stays resident in shared memory and its fragments
-//   are re-read per key tile, as FA2 does).
-// Shared memory = (kBlockM + 2·kStages·kBlockN)·(D + 8)·2 bytes (rows padded by 8 halfs).
-// Mirrored in tiled_attn/configs.py CUDA_ATTENTION (keep the two in step).
-template <int kHeadDim>
-struct TileConfig;
-template <>
-struct TileConfig<32> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = true;
-};
-template <>
-struct TileConfig<64> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = true;
-};
-template <>
-struct TileConfig<96> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = false;
-};
-template <>
-struct TileConfig<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = false;
-};
-template <>
-struct TileConfig<192> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 2;
-  static constexpr bool kQInRegs = false;
-};
-template <>
-struct TileConfig<256> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
-  static constexpr bool kQInRegs = false;
+//   kBlockM / kWarps query rows (16 or 32), kStages: K tile slots in shared memory (and V slots; one
+//   more V slot under flag::kSkew), kFlags: an OR of the flags below, kMinBlocks: CTAs per SM the
+//   register allocation must allow (__launch_bounds__' second argument; 1 = no cap: ptxas then takes
+//   up to 255 registers wherever it finds a use for them, e.g. 255 at D = 64 where ~170 suffice for
+//   three CTAs per SM).
+// Shared memory = (kBlockM + (K slots + V slots)·kBlockN)·(D + 8)·2 bytes (rows padded by 8 halfs).
+// ---------------------------------------------------------------------------------------------
+namespace flag {
+// Q's mma fragments ldmatrix'ed once into registers instead of once per key tile (saves a sixth of
+// the shared-memory reads at D = 64; only where ptxas shows no spills).
+constexpr unsigned kQRegs = 1;
+// The softmax scale folded into the exponential: the row max is taken on the raw scores and
+// p = exp2(s·c − m) is one FFMA + one MUFU (FA2's scale_apply_exp2), one FMUL per score fewer than
+// scaling every score first. Valid for c > 0 only: the launcher runs the same Cfg without this flag
+// for scale <= 0 (or NaN).
+constexpr unsigned kFold = 2;
+// Key tiles that lie wholly inside N are copied with unpredicated cp.async from addresses formed by
+// 64-bit adds off a per-tile base, instead of a clamp + select + 64-bit multiply per row (~11
+// integer instructions per row, 88 per K or V tile per thread at D = 128, all between a barrier and
+// the next mma). The one ragged tile keeps the predicated, zero-filling copy.
+constexpr unsigned kLean = 4;
+// One barrier per key tile: K_i and V_i travel in one commit group, kStages − 1 tiles ahead
+// (CUTLASS's multistage mainloop; needs kStages >= 2). Without it: FA2's schedule, K and V in
+// separate groups and two barriers per tile (V_i lands during Q Kᵀ_i, K_{i+kStages} during P V_i).
+constexpr unsigned kJoint = 8;
+// kJoint, and the warps split in two groups run a third of an iteration apart: between two barriers
+// group 0 does Q Kᵀ_i, softmax_i, P V_i while group 1 does P V_{i−1} (its P carried across the
+// barrier in registers), Q Kᵀ_i, softmax_i. Warps w and w + kWarps/2 share an SM sub-partition (warp
+// scheduler), so in two of the three phases one of them runs its exponentials under the other's mma
+// (FA3's ping-pong, enforced here by the program order instead of named barriers); with 2 CTAs/SM
+// today that pairing is left to chance. One more V slot: V_{i−1} is still read in iteration i.
+constexpr unsigned kSkew = 16;
+// The accumulator rescale (kMTiles·kDTiles·4 FMULs per thread per tile, 128 at D = 128) is skipped
+// when no row of the warp moved its max in this tile (alpha == 1 for all of them: one vote). Exact:
+// a max that did not move gives alpha = exp2f(+0), which the CUDA Math API specifies as exactly 1
+// (AttnRowState::rescale uses exp2f, not the ex2.approx intrinsic), and a multiply by 1 changes
+// nothing. After the first few tiles of a long row the max rarely moves.
+constexpr unsigned kLazy = 32;
+}  // namespace flag
+
+template <int kBlockM_, int kBlockN_, int kWarps_, int kStages_, unsigned kFlags_, int kMinBlocks_ = 1>
+struct Cfg {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_, kStages = kStages_;
+  static constexpr unsigned kFlags = kFlags_;
+  static constexpr int kMinBlocks = kMinBlocks_;
 };
 
+// Tile configuration per head dim (TileConfig<D>::type) and, where it differs, per head dim for
+// causal launches (TileConfig<D, true>::type; by default the non-causal row). The rows started from
+// FlashAttention-2's sm80/sm90 forward choices (flash_fwd_launch_template.h) and are chosen by
+// benchmarks/sweep_cuda_attention.py on the H100 (its output names the row to paste here).
+// Mirrored in tiled_attn/configs.py CUDA_ATTENTION (keep the two in step; a test checks).
+//   D = 32/64: FA2's 128x128 (a 128-float score tile per thread) spills in this kernel (ptxas,
+//   sm_90a, nvcc 13.0); 128x64 with Q in registers does not (255 registers: two CTAs per SM; capped
+//   at 168 for three, kMinBlocks = 3, it spills 200+ bytes).
+//   D = 96/128: 128x64 at 4 warps, two CTAs per SM (255 registers). D = 192: 128x64 at 8 warps.
+//   D = 256: 64x64 at 4 warps, one stage, so two CTAs fit in 228 KB (FA2's H100 row).
+template <int kHeadDim, bool kCausal = false>
+struct TileConfig : TileConfig<kHeadDim, false> {};
+template <>
+struct TileConfig<32> { using type = Cfg<128, 64, 4, 2, flag::kQRegs>; };
+template <>
+struct TileConfig<64> { using type = Cfg<128, 64, 4, 2, flag::kQRegs>; };
+template <>
+struct TileConfig<96> { using type = Cfg<128, 64, 4, 2, 0>; };
+template <>
+struct TileConfig<128> { using type = Cfg<128, 64, 4, 2, 0>; };
+template <>
+struct TileConfig<192> { using type = Cfg<128, 64, 8, 2, 0>; };
+template <>
+struct TileConfig<256> { using type = Cfg<64, 64, 4, 1, 0>; };
+
 // Launch the kernel for head dim D and element type T (__half or __nv_bfloat16) over
-// `batch_heads` = B·Hq (query) heads. Defined in flash_fwd_launch.cuh, instantiated once per
-// (D, T) in flash_fwd_hdim<D>.cu so the build compiles the head dims in parallel.
+// `batch_heads` = B·Hq (query) heads with TileConfig<D> (TileConfig<D, true> when params.causal).
+// Defined in flash_fwd_launch.cuh, instantiated once per (D, T) in flash_fwd_hdim<D>.cu so the build
+// compiles the head dims in parallel.
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd(Params params, int batch_heads, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Host-side checks and Params, shared by attention_fwd (flash_fwd.cu) and the sweep entry
+// (sweep/flash_fwd_sweep_entry.cu). Returns cudaErrorInvalidValue / cudaErrorMisalignedAddress for
+// what the kernel cannot take, else cudaSuccess with `batch_heads` = B·Hq (0: nothing to launch).
+// ---------------------------------------------------------------------------------------------
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+// 16-byte cp.async / stores need every row start 16-byte aligned: strides in multiples of 8 elements
+// (the stride of a dim of size 1 is never multiplied by a nonzero index, so any value is fine there).
+inline bool strides_ok(const AttnStrides& s, int64_t batch, int64_t heads, int64_t seqlen) {
+  return (batch <= 1 || s.batch % 8 == 0) && (heads <= 1 || s.head % 8 == 0) && (seqlen <= 1 || s.seq % 8 == 0);
+}
+
+inline cudaError_t make_params(const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
+                               int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                               AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
+                               AttnStrides o_stride, float scale, bool causal, int64_t causal_offset, Params& p,
+                               int& batch_heads) {
+  batch_heads = 0;
+  if (batch < 0 || heads_q < 0 || heads_kv <= 0 || heads_q % heads_kv != 0) return cudaErrorInvalidValue;
+  if (heads_q > 0 && batch > INT_MAX / heads_q) return cudaErrorInvalidValue;  // (batch, head) index is an int
+  // Sequence positions are ints inside the kernel (every offset built from them is 64-bit).
+  if (seqlen_q < 0 || seqlen_k < 0 || seqlen_q > INT_MAX - 256 || seqlen_k > INT_MAX - 256) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch == 0 || heads_q == 0 || seqlen_q == 0) return cudaSuccess;  // nothing to write
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) ||
+      !strides_ok(q_stride, batch, heads_q, seqlen_q) || !strides_ok(k_stride, batch, heads_kv, seqlen_k) ||
+      !strides_ok(v_stride, batch, heads_kv, seqlen_k) || !strides_ok(o_stride, batch, heads_q, seqlen_q)) {
+    return cudaErrorMisalignedAddress;
+  }
+  p = Params{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.q_batch = q_stride.batch, p.q_head = q_stride.head, p.q_seq = q_stride.seq;
+  p.k_batch = k_stride.batch, p.k_head = k_stride.head, p.k_seq = k_stride.seq;
+  p.v_batch = v_stride.batch, p.v_head = v_stride.head, p.v_seq = v_stride.seq;
+  p.o_batch = o_stride.batch, p.o_head = o_stride.head, p.o_seq = o_stride.seq;
+  p.heads_q = static_cast<int>(heads_q);
+  p.group = static_cast<int>(heads_q / heads_kv);
+  p.bh_offset = 0;
+  // Beyond [-Nq, Nk] the offset changes nothing (every row sees all keys, or none), and clamped
+  // there i + offset + 1 cannot overflow in the kernel.
+  p.causal_offset = causal_offset < -seqlen_q ? -seqlen_q : (causal_offset > seqlen_k ? seqlen_k : causal_offset);
+  p.seqlen_q = static_cast<int>(seqlen_q);
+  p.seqlen_k = static_cast<int>(seqlen_k);
+  p.scale_log2 = scale * kLog2e;
+  p.causal = causal;
+  batch_heads = static_cast<int>(batch * heads_q);
+  return cudaSuccess;
+}
 
 }  // namespace flash_fwd
 }  // namespace tiled_attn

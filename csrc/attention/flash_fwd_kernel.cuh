@@ -3,20 +3,25 @@
 //
 // One CTA owns kBlockM query rows of one (batch, head) and streams the keys in kBlockN-row tiles:
 //   Q tile:  global -> shared (cp.async) once, resident; its mma fragments are ldmatrix'ed from shared
-//            memory per key tile, or once into registers where the register budget allows (kQInRegs).
-//   K, V:    global -> shared through a cp.async pipeline of kStages K slots and kStages V slots
-//            (16-byte copies, zero-filled past N), one commit group per K or V tile.
-//   S = Q Kᵀ on mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate), pre-multiplied by scale·log2 e;
-//   the row state and the accumulator rescale go through AttnRowState (online_softmax.cuh), with
-//   p = exp2(s − m) as one SFU op per score (AttnRowState::p_ftz);
+//            memory per key tile, or once into registers where the register budget allows (kQRegs).
+//   K, V:    global -> shared through a cp.async pipeline of K and V slots (16-byte copies, the
+//            ragged last tile zero-filled past N; whole tiles unpredicated under kLean).
+//   S = Q Kᵀ on mma.sync.m16n8k16 (fp16/bf16 in, fp32 accumulate); the row state and the accumulator
+//   rescale go through AttnRowState (online_softmax.cuh): scores pre-multiplied by scale·log2 e and
+//   p = exp2(s − m) (p_ftz), or under kFold the raw scores' max and p = exp2(s·c − m) as one FFMA
+//   (p_raw_ftz); one SFU op per score either way;
 //   P is converted to fp16/bf16 in registers and reused as the A operand of O += P V (its C fragment
 //   layout is the A fragment layout, FA2's trick: no shared-memory round trip); V's B fragments come
 //   from ldmatrix.trans.
 //   Epilogue: O / l staged through the (free) Q tile in shared memory, then 16-byte row stores;
 //   lse = m + log l in natural units.
+// Schedules (flash_fwd.cuh, flag::): FA2's (two barriers per tile, K and V in separate groups),
+// kJoint (one barrier per tile), kSkew (two warp groups half an iteration apart). The flags and tile
+// shapes are compile-time (Cfg); benchmarks/sweep_cuda_attention.py times them against each other.
 // Causal (key j visible from query i iff j <= i + causal_offset): key tiles past the CTA's last
-// visible key are never loaded (loop bound); the mask is evaluated only on tiles that cross the
-// first row's limit or the end of the keys (descending tile order puts them first).
+// visible key are never loaded (loop bound), under kSkew a warp skips the math of tiles past its own
+// last row's limit, and the mask is evaluated only on tiles that cross the CTA's first row's limit or
+// the end of the keys (descending tile order puts them first).
 //
 // Fragment layouts used below (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
 // type"; g = lane / 4 (groupID), t = lane % 4 (threadID_in_group); each .b32 register holds two
@@ -53,7 +58,14 @@ struct Traits {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kWarps = Cfg::kWarps;
   static constexpr int kStages = Cfg::kStages;
-  static constexpr bool kQInRegs = Cfg::kQInRegs;
+  static constexpr unsigned kFlags = Cfg::kFlags;
+  static constexpr int kMinBlocks = Cfg::kMinBlocks;
+  static constexpr bool kQInRegs = (kFlags & flag::kQRegs) != 0;
+  static constexpr bool kFold = (kFlags & flag::kFold) != 0;
+  static constexpr bool kLean = (kFlags & flag::kLean) != 0;
+  static constexpr bool kLazy = (kFlags & flag::kLazy) != 0;
+  static constexpr bool kSkew = (kFlags & flag::kSkew) != 0;
+  static constexpr bool kJoint = kSkew || (kFlags & flag::kJoint) != 0;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
   static constexpr int kMTiles = kWarpRows / 16;      // m16 row tiles per warp
@@ -61,13 +73,21 @@ struct Traits {
   static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O (head dim)
   static constexpr int kQKSteps = kHeadDim / 16;      // k16 steps of Q Kᵀ
   static constexpr int kPVSteps = kBlockN / 16;       // k16 steps of P V
+  // kJoint: tiles in flight ahead of the one being computed. K_{i+P} overwrites K_{i+P−kKSlots}, read
+  // last in iteration i + P − kKSlots (< i: kKSlots >= P + 1). Under kSkew V_t is read in iterations
+  // t and t + 1, hence one V slot more.
+  static constexpr int kPrefetch = kStages - 1;
+  static constexpr int kKSlots = kStages;
+  static constexpr int kVSlots = kStages + (kSkew ? 1 : 0);
   // Shared-memory rows padded by 8 elements (16 bytes): the 8 row addresses of one ldmatrix phase,
   // (2D + 16)·r bytes apart, then fall in 8 distinct 16-byte bank groups for every D % 16 == 0
-  // (2D/16 + 1 is odd), so ldmatrix and the 4-byte epilogue stores are conflict-free without a swizzle.
+  // (2D/16 + 1 is odd), so ldmatrix, the 16-byte cp.async stores (8 threads cover one row's 128 bytes)
+  // and the 4-byte epilogue stores are conflict-free without a swizzle. The padding costs 16/(2D) of
+  // the tile (6% at D = 128), which moves no config here across a CTAs-per-SM boundary.
   static constexpr int kLd = kHeadDim + 8;
   static constexpr int kQElems = kBlockM * kLd;
   static constexpr int kKVElems = kBlockN * kLd;
-  static constexpr int kSmemBytes = (kQElems + 2 * kStages * kKVElems) * 2;
+  static constexpr int kSmemBytes = (kQElems + (kKSlots + kVSlots) * kKVElems) * 2;
   // Q fragments kept in registers: [m tile][k step][4], or a placeholder when Q is re-read from smem.
   static constexpr int kQFragM = kQInRegs ? kMTiles : 1;
   static constexpr int kQFragK = kQInRegs ? kQKSteps : 1;
@@ -76,6 +96,8 @@ struct Traits {
   static_assert(kBlockN % 16 == 0, "key tile in k16 steps (P's A fragments pair two n8 tiles)");
   static_assert(kWarpRows % 16 == 0 && kWarpRows * kWarps == kBlockM, "whole m16 tiles per warp");
   static_assert(kStages >= 1, "at least one K and one V slot");
+  static_assert(!kJoint || kStages >= 2, "kJoint prefetches kStages - 1 >= 1 tiles");
+  static_assert(!kSkew || kWarps % 2 == 0, "kSkew splits the warps in two equal groups");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -90,6 +112,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // within one). src-size 0 writes 16 zero bytes without reading `src`: the ragged rows past N.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+// The same for a row known to lie inside the tensor: no src-size operand, no predicate to form.
+__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most N of this thread's commit groups are still in flight.
@@ -188,6 +214,23 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t stride
   }
 }
 
+// The same for a tile whose kRows rows all lie inside the tensor (kLean): no predicate, no clamp, and
+// each row's source one 64-bit add (of the CTA-uniform kRowsPerPass·stride) past the previous one.
+template <class Tr, int kRows, typename T>
+__device__ __forceinline__ void load_tile_full(T* smem, const T* gmem, int64_t stride) {
+  using Map = ChunkMap<Tr>;
+  const int64_t step = int64_t{Map::kRowsPerPass} * stride;
+#pragma unroll
+  for (int i = 0; i < kRows / Map::kRowsPerPass; ++i) {
+#pragma unroll
+    for (int j = 0; j < Map::kChunksPerThread; ++j) {
+      cp_async_16_full(smem_u32(smem + i * Map::kRowsPerPass * Tr::kLd + j * Map::kThreadsPerRow * 8),
+                       gmem + j * Map::kThreadsPerRow * 8);
+    }
+    gmem += step;
+  }
+}
+
 // S = Q Kᵀ for this warp's rows against one key tile. `q_lane` / `k_lane`: this lane's ldmatrix
 // address (bytes, shared space) for m tile 0 / key 0, k step 0.
 template <class Tr, typename T>
@@ -226,8 +269,10 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
   }
 }
 
-// Scores -> log2 units, mask (kMask), then per row: tile max over the quad that shares the row, the
-// AttnRowState rescale of l and of this row's accumulator, p = exp2(s − m) in place, Σp into l.
+// Mask (kMask), then per row: tile max over the quad that shares the row, the AttnRowState rescale
+// of l and of this row's accumulator, p in place, Σp into l. Without kFold the scores go to log2
+// units first (one multiply each) and p = exp2(s − m); with kFold the max is taken on the raw scores
+// and p = exp2(s·c − m) in one FFMA (the launcher guarantees c = scale·log2 e > 0).
 // This thread holds, of m tile mi, rows g (hh = 0) and g + 8 (hh = 1), at key columns
 // key0 + 8·ni + e (e = 0, 1) with key0 = n0 + 2t.
 template <bool kMask, class Tr>
@@ -235,6 +280,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles
                                              float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
                                              AttnRowState (&rs)[Tr::kMTiles][2], int limit_base, int seqlen_k,
                                              int key0, float scale_log2) {
+  float alpha[Tr::kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi) {
 #pragma unroll
@@ -247,7 +293,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[mi][ni][2 * hh + e];
-          x *= scale_log2;
+          if constexpr (!Tr::kFold) x *= scale_log2;
           if constexpr (kMask) {
             if (key0 + ni * 8 + e >= limit) x = -CUDART_INF_F;
           }
@@ -255,43 +301,67 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles
         }
       }
       tile_max = warp_allreduce_max<4>(tile_max);
-      const float alpha = rs[mi][hh].rescale(tile_max);
-#pragma unroll
-      for (int dn = 0; dn < Tr::kDTiles; ++dn) {
-        acc[mi][dn][2 * hh] *= alpha;
-        acc[mi][dn][2 * hh + 1] *= alpha;
-      }
+      alpha[mi][hh] = Tr::kFold ? rs[mi][hh].rescale_raw(tile_max, scale_log2) : rs[mi][hh].rescale(tile_max);
       float sum = 0.f;
 #pragma unroll
       for (int ni = 0; ni < Tr::kNTiles; ++ni) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[mi][ni][2 * hh + e];
-          x = rs[mi][hh].p_ftz(x);
+          x = Tr::kFold ? rs[mi][hh].p_raw_ftz(x, scale_log2) : rs[mi][hh].p_ftz(x);
           sum += x;
         }
       }
       rs[mi][hh].add(sum);
     }
   }
-}
-
-// O += P V for one key tile. P's C fragments of key n-tiles 2kk and 2kk+1 are exactly the A fragment
-// of k step kk (a[0] = rows g, keys 2t..: c[0..1] of tile 2kk; a[1] = rows g+8: c[2..3] of 2kk;
-// a[2], a[3]: the same of tile 2kk+1), so P never leaves registers.
-template <class Tr, typename T>
-__device__ __forceinline__ void gemm_pv(float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
-                                        const float (&s)[Tr::kMTiles][Tr::kNTiles][4], uint32_t v_lane) {
+  // kLazy: one vote per warp; the branch is warp-uniform.
+  bool moved = true;
+  if constexpr (Tr::kLazy) {
+    bool any = false;
 #pragma unroll
-  for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-    uint32_t a[Tr::kMTiles][4];
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) any |= (alpha[mi][0] != 1.f) | (alpha[mi][1] != 1.f);
+    moved = __any_sync(0xffffffffu, any);
+  }
+  if (moved) {
 #pragma unroll
     for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-      a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-      a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-      a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-      a[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < Tr::kDTiles; ++dn) {
+        acc[mi][dn][0] *= alpha[mi][0];
+        acc[mi][dn][1] *= alpha[mi][0];
+        acc[mi][dn][2] *= alpha[mi][1];
+        acc[mi][dn][3] *= alpha[mi][1];
+      }
     }
+  }
+}
+
+// P (the probabilities in place of the scores) rounded to T and packed as the A fragments of P V.
+// P's C fragments of key n-tiles 2kk and 2kk+1 are exactly the A fragment of k step kk (a[0] = rows g,
+// keys 2t..: c[0..1] of tile 2kk; a[1] = rows g+8: c[2..3] of 2kk; a[2], a[3]: the same of tile
+// 2kk+1), so P never leaves registers; packed, it takes half the registers of the scores.
+template <class Tr, typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[Tr::kMTiles][Tr::kPVSteps][4],
+                                       const float (&s)[Tr::kMTiles][Tr::kNTiles][4]) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      pa[mi][kk][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+      pa[mi][kk][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+      pa[mi][kk][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+      pa[mi][kk][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+    }
+  }
+}
+
+// O += P V for one key tile; V's B fragments from ldmatrix.trans.
+template <class Tr, typename T>
+__device__ __forceinline__ void gemm_pv(float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
+                                        const uint32_t (&pa)[Tr::kMTiles][Tr::kPVSteps][4], uint32_t v_lane) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < Tr::kHeadDim / 16; ++dp) {
       // b[0], b[1]: head-dim n-tile 2dp; b[2], b[3]: n-tile 2dp + 1 (see v_lane in the kernel).
@@ -299,19 +369,19 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[Tr::kMTiles][Tr::kDTiles][4
       ldmatrix_x4_trans(b, v_lane + (kk * 16 * Tr::kLd + dp * 16) * 2);
 #pragma unroll
       for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-        mma_16816<T>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-        mma_16816<T>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+        mma_16816<T>(acc[mi][2 * dp], pa[mi][kk], b[0], b[1]);
+        mma_16816<T>(acc[mi][2 * dp + 1], pa[mi][kk], b[2], b[3]);
       }
     }
   }
 }
 
 template <class Tr, typename T>
-__global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const Params p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const sQ = reinterpret_cast<T*>(smem_raw);
-  T* const sK = sQ + Tr::kQElems;                    // kStages slots of kKVElems
-  T* const sV = sK + Tr::kStages * Tr::kKVElems;     // kStages slots of kKVElems
+  T* const sK = sQ + Tr::kQElems;                  // kKSlots slots of kKVElems
+  T* const sV = sK + Tr::kKSlots * Tr::kKVElems;   // kVSlots slots of kKVElems
 
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -335,60 +405,47 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const Params p)
   auto row_limit = [&](int64_t i) -> int {
     return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
   };
-  // Key tiles past the last row's limit are never loaded; the first row has the smallest limit, so a
-  // tile ending at or before it needs no mask for any row of this CTA.
+  // Key tiles past the last row's limit are never loaded.
   const int kv_end = row_limit(m0 + rows_q - 1);
   const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-  const int unmasked_end = row_limit(m0);
 
+  // The CTA's first row has the smallest limit, so a tile ending at or before unmasked_end needs no
+  // mask for any of its rows. (A per-warp bound would mask fewer tiles, but it is a per-thread
+  // register where this one is uniform, and that register makes D = 128 spill.)
+  const int unmasked_end = row_limit(m0);
+  // This warp's rows are m0 + warp_row0 .. + kWarpRows − 1. Tiles at or past warp_kv_end (its last
+  // real row's limit) are invisible to all of them: under kSkew the warp skips their math (not their
+  // barriers; see visible() below).
+  const int warp_row0 = warp * Tr::kWarpRows;
+  const int warp_kv_end = warp_row0 < rows_q ? row_limit(m0 + min(warp_row0 + Tr::kWarpRows, rows_q) - 1) : 0;
   // This thread's rows are m0 + warp_row0 + g + 16·mi + 8·hh. Their limits are min(Nk, limit_base +
   // 16·mi + 8·hh), with limit_base the limit of row m0 + warp_row0 + g before the min, clamped to
   // [-kBlockM, Nk]: one register instead of one per row. The clamp is exact: below -kBlockM every row
   // of the warp has a negative limit (sees nothing) either way, above Nk the min gives Nk either way.
-  const int warp_row0 = warp * Tr::kWarpRows;
   const int limit_base =
       p.causal ? static_cast<int>(clamp64(int64_t{m0} + warp_row0 + g + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
                : p.seqlen_k;
 
-  // Tiles run from the last (iteration 0) to the first, so the masked ones come first. Iteration `it`
-  // uses K slot and V slot it % kStages.
+  // Tiles run from the last (iteration 0) to the first, so the masked ones come first. Tile `it`
+  // lives in K slot it % kKSlots and V slot it % kVSlots.
   auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
   // This thread's first copy chunk (ChunkMap). The K/V source rows are formed per tile from the
   // CTA-uniform gK / gV (uniform registers) rather than kept as per-thread 64-bit pointers: the key
   // loop is register-bound at D = 128 (255 of 255).
   const int cp_row = ChunkMap<Tr>::row(tid), cp_col = ChunkMap<Tr>::col(tid);
   const int cp_smem = cp_row * Tr::kLd + cp_col;
-  auto load_k = [&](int it) {
+  auto load_kv = [&](T* slot, const T* gbase, int64_t stride, int it) {
     const int n0 = tile_key0(it);
-    load_tile<Tr, Tr::kBlockN>(sK + (it % Tr::kStages) * Tr::kKVElems + cp_smem,
-                               gK + int64_t{n0 + cp_row} * p.k_seq + cp_col, p.k_seq, cp_row, p.seqlen_k - n0);
+    if (Tr::kLean && n0 + Tr::kBlockN <= p.seqlen_k) {
+      load_tile_full<Tr, Tr::kBlockN>(slot + cp_smem, gbase + int64_t{n0} * stride + (int64_t{cp_row} * stride + cp_col),
+                                      stride);
+    } else {
+      load_tile<Tr, Tr::kBlockN>(slot + cp_smem, gbase + int64_t{n0 + cp_row} * stride + cp_col, stride, cp_row,
+                                 p.seqlen_k - n0);
+    }
   };
-  auto load_v = [&](int it) {
-    const int n0 = tile_key0(it);
-    load_tile<Tr, Tr::kBlockN>(sV + (it % Tr::kStages) * Tr::kKVElems + cp_smem,
-                               gV + int64_t{n0 + cp_row} * p.v_seq + cp_col, p.v_seq, cp_row, p.seqlen_k - n0);
-  };
-
-  // Pipeline. Commit groups, in order: {Q, K_0}, V_0, K_1, V_1, ..., so K_i is group 2i and V_i group
-  // 2i + 1 (a group is committed even when it is empty, which keeps the count uniform). The prologue
-  // issues K_0..K_{S-1} and V_0..V_{S-2} (S = kStages: 2S − 1 groups); iteration i then issues
-  // V_{i+S-1} after its first barrier and K_{i+S} after its second. Before Q Kᵀ of tile i, 2S − 1 + 2i
-  // groups are committed and K_i (group 2i) must be complete: at most 2S − 2 pending. Before P V,
-  // 2S + 2i are committed and V_i (2i + 1) must be complete: again 2S − 2. Slot reuse: V_{i+S-1}
-  // overwrites V slot (i−1) % S, read last by P V of tile i−1, which every warp finished before the
-  // first barrier of iteration i; K_{i+S} overwrites K slot i % S after the second barrier, which
-  // follows Q Kᵀ of tile i in every warp. With S = 1 this is FA2's schedule (V_i loads during Q Kᵀ_i,
-  // K_{i+1} during softmax and P V of tile i).
-  load_tile<Tr, Tr::kBlockM>(sQ + cp_smem, gQ + cp_row * p.q_seq + cp_col, p.q_seq, cp_row, rows_q);
-  if (n_tiles > 0) load_k(0);
-  cp_async_commit();
-#pragma unroll
-  for (int i = 0; i + 1 < Tr::kStages; ++i) {
-    if (i < n_tiles) load_v(i);
-    cp_async_commit();
-    if (i + 1 < n_tiles) load_k(i + 1);
-    cp_async_commit();
-  }
+  auto load_k = [&](int it) { load_kv(sK + (it % Tr::kKSlots) * Tr::kKVElems, gK, p.k_seq, it); };
+  auto load_v = [&](int it) { load_kv(sV + (it % Tr::kVSlots) * Tr::kKVElems, gV, p.v_seq, it); };
 
   // This lane's ldmatrix row addresses (see the tables at the top of the file).
   //  A from Q (row-major, rows r0.., k0..): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
@@ -416,37 +473,135 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const Params p)
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi) rs[mi][0] = rs[mi][1] = AttnRowState::identity();
   uint32_t qf[Tr::kQFragM][Tr::kQFragK][4];
+  using Scores = float[Tr::kMTiles][Tr::kNTiles][4];      // scores, then P, of one tile
+  using PFrags = uint32_t[Tr::kMTiles][Tr::kPVSteps][4];  // P packed as P V's A fragments
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const int slot = it % Tr::kStages;
-    cp_async_wait<2 * Tr::kStages - 2>();  // K_it has landed (and Q with it at it = 0)
-    __syncthreads();
+  // Once the first tile's group (which holds Q) has landed and a barrier has passed.
+  auto load_q_frags = [&]() {
     if constexpr (Tr::kQInRegs) {
-      if (it == 0) {
 #pragma unroll
-        for (int mi = 0; mi < Tr::kMTiles; ++mi)
+      for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
-          for (int kk = 0; kk < Tr::kQKSteps; ++kk) ldmatrix_x4(qf[mi][kk], q_lane + (mi * 16 * Tr::kLd + kk * 16) * 2);
-      }
+        for (int kk = 0; kk < Tr::kQKSteps; ++kk) ldmatrix_x4(qf[mi][kk], q_lane + (mi * 16 * Tr::kLd + kk * 16) * 2);
     }
-    if (it + Tr::kStages - 1 < n_tiles) load_v(it + Tr::kStages - 1);
-    cp_async_commit();
-
-    float s[Tr::kMTiles][Tr::kNTiles][4];
-    gemm_qk<Tr, T>(s, qf, q_lane, k_lane0 + slot * Tr::kKVElems * 2);
-
-    cp_async_wait<2 * Tr::kStages - 2>();  // V_it has landed
-    __syncthreads();
-    if (it + Tr::kStages < n_tiles) load_k(it + Tr::kStages);
-    cp_async_commit();
-
+  };
+  // The per-warp skip only where it pays: the 256-row kSkew tiles (a 128-row CTA skips ~3% of its
+  // causal work, and the extra register makes D = 128 spill under kJoint).
+  auto visible = [&](int it) { return !Tr::kSkew || tile_key0(it) < warp_kv_end; };
+  // Q Kᵀ of tile it into s, then its softmax (masked where the tile needs it) into P fragments.
+  auto qk_softmax = [&](PFrags& pa, int it) {
+    Scores s;
+    gemm_qk<Tr, T>(s, qf, q_lane, k_lane0 + (it % Tr::kKSlots) * Tr::kKVElems * 2);
     const int n0 = tile_key0(it);
     if (n0 + Tr::kBlockN > unmasked_end) {
       softmax_tile<true, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     } else {
       softmax_tile<false, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     }
-    gemm_pv<Tr, T>(acc, s, v_lane0 + slot * Tr::kKVElems * 2);
+    pack_p<Tr, T>(pa, s);
+  };
+  auto pv = [&](const PFrags& pa, int it) { gemm_pv<Tr, T>(acc, pa, v_lane0 + (it % Tr::kVSlots) * Tr::kKVElems * 2); };
+
+  load_tile<Tr, Tr::kBlockM>(sQ + cp_smem, gQ + cp_row * p.q_seq + cp_col, p.q_seq, cp_row, rows_q);
+  if constexpr (Tr::kJoint) {
+    // Commit groups, in order: {Q, K_0, V_0}, {K_1, V_1}, ...: tile i is group i (a group is committed
+    // even when empty, which keeps the count uniform). The prologue issues tiles 0..P−1 (P =
+    // kPrefetch), iteration i issues tile i + P after its barrier, so before that barrier P + i groups
+    // are committed and tile i (group i) must be complete: at most P − 1 pending. Slot reuse: tile
+    // i + P overwrites tile i + P − kKSlots's K and i + P − kVSlots's V, whose last readers (iteration
+    // i − 1 at the latest, see Traits) every warp finished before this barrier.
+    // kSkew: between the barriers of iterations i and i + 1, group 0 computes Q Kᵀ_i, softmax_i,
+    // P V_i; group 1 P V_{i−1} (its P stays in registers across the barrier, packed: 32 registers at
+    // kBlockN = 64), then Q Kᵀ_i and softmax_i, and P V of the last tile after the loop. Per SM
+    // sub-partition (warps w and w + kWarps/2) the phases pair as (Q Kᵀ, P V), (softmax, Q Kᵀ),
+    // (P V, softmax): two of three put one warp's exponentials under the other's mma.
+    const int group = Tr::kSkew ? warp / (Tr::kWarps / 2) : 0;
+    PFrags pa;  // group 1: tile it − 1's P, carried across the barrier
+    if (n_tiles > 0) {
+      load_k(0);
+      load_v(0);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int i = 1; i < Tr::kPrefetch; ++i) {
+      if (i < n_tiles) {
+        load_k(i);
+        load_v(i);
+      }
+      cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      cp_async_wait<Tr::kPrefetch - 1>();  // tile it has landed (and Q with it at it = 0)
+      __syncthreads();
+      if (it == 0) load_q_frags();
+      auto prefetch = [&]() {
+        if (it + Tr::kPrefetch < n_tiles) {
+          load_k(it + Tr::kPrefetch);
+          load_v(it + Tr::kPrefetch);
+        }
+        cp_async_commit();
+      };
+      if (group == 0) {
+        prefetch();
+        if (visible(it)) {
+          qk_softmax(pa, it);
+          pv(pa, it);
+        }
+      } else {
+        // Group 1 issues its share of the copies once its carried P is consumed (P plus the copy
+        // addresses would be its peak register pressure). Any point between the barriers is safe.
+        if (it > 0 && visible(it - 1)) pv(pa, it - 1);
+        prefetch();
+        if (visible(it)) qk_softmax(pa, it);
+      }
+    }
+    if (group == 1 && n_tiles > 0 && visible(n_tiles - 1)) pv(pa, n_tiles - 1);
+  } else {
+    // Commit groups, in order: {Q, K_0}, V_0, K_1, V_1, ..., so K_i is group 2i and V_i group 2i + 1
+    // (a group is committed even when it is empty, which keeps the count uniform). The prologue issues
+    // K_0..K_{S-1} and V_0..V_{S-2} (S = kStages: 2S − 1 groups); iteration i then issues V_{i+S-1}
+    // after its first barrier and K_{i+S} after its second. Before Q Kᵀ of tile i, 2S − 1 + 2i groups
+    // are committed and K_i (group 2i) must be complete: at most 2S − 2 pending. Before P V, 2S + 2i
+    // are committed and V_i (2i + 1) must be complete: again 2S − 2. Slot reuse: V_{i+S-1} overwrites
+    // V slot (i−1) % S, read last by P V of tile i−1, which every warp finished before the first
+    // barrier of iteration i; K_{i+S} overwrites K slot i % S after the second barrier, which follows
+    // Q Kᵀ of tile i in every warp. With S = 1 this is FA2's schedule (V_i loads during Q Kᵀ_i,
+    // K_{i+1} during softmax and P V of tile i).
+    static_assert(Tr::kKSlots == Tr::kStages && Tr::kVSlots == Tr::kStages, "one K and one V slot per stage");
+    if (n_tiles > 0) load_k(0);
+    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i + 1 < Tr::kStages; ++i) {
+      if (i < n_tiles) load_v(i);
+      cp_async_commit();
+      if (i + 1 < n_tiles) load_k(i + 1);
+      cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      cp_async_wait<2 * Tr::kStages - 2>();  // K_it has landed (and Q with it at it = 0)
+      __syncthreads();
+      if (it == 0) load_q_frags();
+      if (it + Tr::kStages - 1 < n_tiles) load_v(it + Tr::kStages - 1);
+      cp_async_commit();
+      // No per-warp skip here (visible()): with the scores live across the second barrier, the
+      // branches cost D = 128 64 bytes of spills (ptxas, sm_90a, nvcc 13.0); it saves ~3% of the
+      // causal work at kBlockM = 128 and matters for the 256-row kSkew tiles.
+      Scores s;
+      gemm_qk<Tr, T>(s, qf, q_lane, k_lane0 + (it % Tr::kKSlots) * Tr::kKVElems * 2);
+      cp_async_wait<2 * Tr::kStages - 2>();  // V_it has landed
+      __syncthreads();
+      if (it + Tr::kStages < n_tiles) load_k(it + Tr::kStages);
+      cp_async_commit();
+      const int n0 = tile_key0(it);
+      if (n0 + Tr::kBlockN > unmasked_end) {
+        softmax_tile<true, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+      } else {
+        softmax_tile<false, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+      }
+      PFrags pa;
+      pack_p<Tr, T>(pa, s);
+      pv(pa, it);
+    }
   }
 
   // Epilogue. Drain the (empty, or with no key tile the Q) copy groups and let every warp finish

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     } else {
       part = partial_dot<T, kVec>(a, row, begin, end);
     }
-    const float dot = static_cast<float>(block_allreduce_sum_f64(part, red, blockDim.x / kWarpSize));
+    const double dot = block_allreduce_sum_f64(part, red, blockDim.x / kWarpSize);
     const auto y = input_row<T, kVec>(a.y, row, a.y_row_stride, a.y_col_stride);
     const auto dy = input_row<T, kVec>(a.dy, row, a.dy_row_stride, a.dy_col_stride);
     const auto dx = output_row<T, kVec>(a.dx, row, a.dx_row_stride);
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) yv[u * kVec + j] *= dv[u * kVec + j] - dot;
+        for (int j = 0; j < kVec; ++j) yv[u * kVec + j] = softmax_grad(yv[u * kVec + j], dv[u * kVec + j], dot);
         dx.store(c0 + u * step, end, yv + u * kVec);
       }
     }

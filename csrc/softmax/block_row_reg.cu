@@ -1,6 +1,6 @@
 // block_row_reg.cu — rung 6: a block per row, the row held in registers (kPacks 16-byte packs per
-// thread), read once, written once; the all-reduce is warp shuffles plus one round through shared
-// memory. Extends rung 5 past 2048 columns, to 32768 (1024 threads × 32 floats; 8192 for a strided
+// thread), read once, written once; the row max, then the sum, are all-reduced by warp shuffles plus
+// one round through shared memory each. Extends rung 5 past 1024 columns, to 32768 (1024 threads × 32 floats; 8192 for a strided
 // row); wins for mid-size rows (a few thousand columns) where a warp would run out of registers.
 #include "common.cuh"
 

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kMaxThreads) block_row_smem_kernel(ForwardArgs
       float v[kVec];
       unpack(cache[(c - begin) / kVec], end - c, 0.f, v);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = s.normalize(v[j], inv_l);
+      for (int j = 0; j < kVec; ++j) v[j] = s.normalize<kAccurate<T>>(v[j], inv_l);
       out.store(c, end, v);
     }
   }

@@ -1,7 +1,8 @@
-// block_shuffle.cu — rung 4: rung 3 with the tree replaced by warp shuffles: each warp merges its 32
-// states in registers (shfl_xor butterfly, no barrier), one state per warp goes through shared memory
-// and is merged the same way. Two barriers per row instead of log2(threads) + 2. Still reads x twice
-// with scalar loads; wins over rung 3 everywhere, loses to the cached rungs below.
+// block_shuffle.cu — rung 4: rung 3 with the trees replaced by warp shuffles: each warp all-reduces
+// its 32 states in registers (shfl_xor butterflies, max then sum, no barrier), one state per warp
+// goes through shared memory and is reduced the same way. Two barriers per row instead of
+// 2·log2(threads) + 2. Still reads x twice with scalar loads; wins over rung 3 everywhere, loses to
+// the cached rungs below.
 #include "common.cuh"
 
 namespace tiled_attn {

@@ -78,6 +78,12 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 template <typename T>
 constexpr int kPackOf = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte access
 
+// The output's exponential and division in their accurate forms (expf, IEEE division) for float32
+// outputs, where the numerics rule leaves a few ulps (the error budget in ../online_softmax.cuh);
+// the fast forms (exp2f, a multiply by 1/l) for 16-bit outputs, whose rounding hides them.
+template <typename T>
+constexpr bool kAccurate = std::is_same<T, float>::value;
+
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
@@ -199,6 +205,10 @@ struct RowGroup {
 // owns packs rank, rank + size, ... (consecutive threads read consecutive 16-byte packs: coalesced).
 // `valid` is false for a padding row (a warp's spare row group past the last row): it still takes
 // part in the all-reduce, whose shuffles need every lane, and writes nothing.
+// The whole row is on chip, so its max is all-reduced before any exponential: each exp(x − m) is
+// then taken once, against the final max, kept in place of x and divided by l (torch's order of
+// operations; no online rescale, no second exponential). One more all-reduce per row than the
+// online fold, of a max: cheap next to the row's loads.
 // ------------------------------------------------------------------------------------------------
 template <typename T, int kVec, int kPacks, int kWidth>
 __device__ __forceinline__ void cached_row_forward(const ForwardArgs& a, int64_t row, bool valid,
@@ -209,18 +219,25 @@ __device__ __forceinline__ void cached_row_forward(const ForwardArgs& a, int64_t
 #pragma unroll
   for (int p = 0; p < kPacks; ++p)
     in.load((int64_t(p) * g.size + g.rank) * kVec, end, -CUDART_INF_F, v + p * kVec);
-  OnlineState s = OnlineState::identity();
-  s.update(v);
-  s = g.allreduce(s, smem);
+  OnlineState s = g.allreduce(OnlineState::max_of(v), smem);  // (row max, 0)
+  s.update_at_max<kAccurate<T>>(v);                            // v <- exp(v - max), l = its sum
+  s = g.allreduce(s, smem);                                    // one max everywhere: l summed
   if (!valid) return;
   const float inv_l = 1.f / s.l;
   const auto out = output_row<T, kVec>(a.y, row, a.y_row_stride);
 #pragma unroll
   for (int p = 0; p < kPacks; ++p) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[p * kVec + j] = s.normalize(v[p * kVec + j], inv_l);
+    for (int j = 0; j < kVec; ++j) v[p * kVec + j] = s.normalize_exp<kAccurate<T>>(v[p * kVec + j], inv_l);
     out.store((int64_t(p) * g.size + g.rank) * kVec, a.cols, v + p * kVec);
   }
+}
+
+// dx = y·(dy − dot), the difference and the product in double and rounded once: in float, where
+// dy ≈ dot the difference would carry the dot's own float rounding (up to an ulp of dot) into dx
+// at full size, measured at 1 ulp of dx where torch's float code happened to be within 0.25.
+__device__ __forceinline__ float softmax_grad(float y, float dy, double dot) {
+  return static_cast<float>(double(y) * (double(dy) - dot));
 }
 
 template <typename T, int kVec, int kPacks, int kWidth>
@@ -239,13 +256,13 @@ __device__ __forceinline__ void cached_row_backward(const BackwardArgs& a, int64
   double sum = 0.0;
 #pragma unroll
   for (int i = 0; i < kPacks * kVec; ++i) sum = fma(double(yv[i]), double(dv[i]), sum);
-  const float dot = static_cast<float>(g.allreduce_sum(sum, smem));
+  const double dot = g.allreduce_sum(sum, smem);
   if (!valid) return;
   const auto dx = output_row<T, kVec>(a.dx, row, a.dx_row_stride);
 #pragma unroll
   for (int p = 0; p < kPacks; ++p) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) yv[p * kVec + j] *= dv[p * kVec + j] - dot;
+    for (int j = 0; j < kVec; ++j) yv[p * kVec + j] = softmax_grad(yv[p * kVec + j], dv[p * kVec + j], dot);
     dx.store((int64_t(p) * g.size + g.rank) * kVec, a.cols, yv + p * kVec);
   }
 }
@@ -280,7 +297,8 @@ __global__ void two_pass_block_kernel(ForwardArgs a) {
     const OnlineState s = Reduce::allreduce(acc.state(), reduce_smem);
     const float inv_l = 1.f / s.l;
     T* y = static_cast<T*>(a.y) + row * a.y_row_stride;
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) y[c] = from_float<T>(s.normalize(in.at(c), inv_l));
+    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x)
+      y[c] = from_float<T>(s.normalize<kAccurate<T>>(in.at(c), inv_l));
   }
 }
 

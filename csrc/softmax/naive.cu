@@ -22,7 +22,7 @@ __global__ void naive_kernel(ForwardArgs a) {
     const OnlineState s = acc.state();
     const float inv_l = 1.f / s.l;
     T* y = static_cast<T*>(a.y) + row * a.y_row_stride;
-    for (int64_t c = 0; c < a.cols; ++c) y[c] = from_float<T>(s.normalize(in.at(c), inv_l));
+    for (int64_t c = 0; c < a.cols; ++c) y[c] = from_float<T>(s.normalize<kAccurate<T>>(in.at(c), inv_l));
   }
 }
 

@@ -50,7 +50,7 @@ struct LaunchConfig {
 // Compile-time sizes the launchers and the limits below share.
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxCluster = 8;                    // the portable cluster size limit
-constexpr int kWarpRowMaxColsPerThread = 64;      // warp_row caches 32 lanes × 64 = 2048 columns
+constexpr int kWarpRowMaxColsPerThread = 32;      // warp_row caches 32 lanes × 32 = 1024 columns
 // block_row_reg: 1024 threads × 32 = 32768 columns with 16-byte packs; a strided (scalar) row keeps
 // an address per element live as well, so it caches 8 per thread (8192 columns) to stay unspilled
 // within the 64 registers a 1024-thread block leaves each thread.

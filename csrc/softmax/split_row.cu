@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) v[u * kVec + j] = s.normalize(v[u * kVec + j], inv_l);
+        for (int j = 0; j < kVec; ++j) v[u * kVec + j] = s.normalize<kAccurate<T>>(v[u * kVec + j], inv_l);
         out.store(c0 + u * step, end, v + u * kVec);
       }
     }

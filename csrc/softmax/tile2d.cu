@@ -30,7 +30,8 @@ __global__ void tile2d_kernel(ForwardArgs a) {
     const OnlineState row_state = running.state();
     const float inv_l = 1.f / row_state.l;
     T* y = static_cast<T*>(a.y) + row * a.y_row_stride;
-    for (int64_t c = lane; c < a.cols; c += kTile) y[c] = from_float<T>(row_state.normalize(in.at(c), inv_l));
+    for (int64_t c = lane; c < a.cols; c += kTile)
+      y[c] = from_float<T>(row_state.normalize<kAccurate<T>>(in.at(c), inv_l));
   }
 }
 

@@ -1,17 +1,18 @@
 // warp_row.cu — rung 5 (OneFlow's warp softmax): a warp per row, the row held in registers
-// (kPacks packs of 16 bytes per lane), so x is read once and y written once, and the all-reduce is
-// shuffles only: no shared memory, no barrier. Rows up to 2048 columns (64 floats per lane); rows of
-// at most 16 packs share a warp (8- or 16-lane groups). The fastest rung for short rows (N <= 2048).
-// A longer row no longer fits a warp's registers: it is streamed twice instead (online update, then
-// normalize), still a warp per row, correct at any N but past 2048 the block rungs are the ones to use.
+// (kPacks packs of 16 bytes per lane), so x is read once and y written once, and the all-reduces are
+// shuffles only: no shared memory, no barrier. Rows up to 1024 columns (32 floats per lane); rows of
+// at most 16 packs share a warp (8- or 16-lane groups). The fastest rung for short rows (N <= 1024).
+// A longer row is streamed twice instead (online update, then normalize), still a warp per row,
+// correct at any N, but past 1024 the block rungs are the ones to use: caching 2048 columns took 64
+// floats a lane and ~200-250 registers (2 blocks an SM, a reduction nothing overlaps).
 #include "common.cuh"
 
 namespace tiled_attn {
 namespace softmax {
 namespace {
 
-// 64 cached floats per lane plus addressing fit well under 255 registers at 256 threads per block;
-// the launcher clamps the configured block size to this bound.
+// 32 cached values per lane take 63 (fp32) to 80 (bf16) registers on sm_90a, so even 256 threads per
+// block leave room for 3 blocks an SM; the launcher clamps the configured block size to this bound.
 constexpr int kWarpRowMaxThreads = 256;
 
 template <typename T, int kVec, int kPacks, int kWidth>
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kWarpRowMaxThreads) warp_row_stream_kernel(For
       float v[kVec];
       in.load(c, end, 0.f, v);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = s.normalize(v[j], inv_l);
+      for (int j = 0; j < kVec; ++j) v[j] = s.normalize<kAccurate<T>>(v[j], inv_l);
       out.store(c, end, v);
     }
   });

@@ -27,6 +27,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 // ------------------------------------------------------------------------------------------------
@@ -38,6 +39,11 @@ inline float __int_as_float(int i) {
   return f;
 }
 inline int min(int a, int b) { return a < b ? a : b; }
+// Round-to-nearest float arithmetic (CompensatedState in online_softmax.cuh; the emulator builds with
+// -std=c++17, which keeps g++ from contracting these into FMAs).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 namespace emu {
 constexpr int kMaxSmem = 232448;  // the sm90 per-block opt-in limit (227 KB)
@@ -170,6 +176,18 @@ float shfl_xor(float v, int offset) {
     for (int l = 0; l < 32; ++l) cc.out_f[l][0] = cc.in_f[l ^ offset][0];
   });
   return c.out_f[lane][0];
+}
+
+bool any_sync(bool pred) {
+  Collective& c = g_warps[cur_warp()];
+  const int lane = cur_lane();
+  c.in_u[lane][0] = pred;
+  warp_collective("any", [&](Collective& cc) {
+    uint32_t any = 0;
+    for (int l = 0; l < 32; ++l) any |= cc.in_u[l][0];
+    for (int l = 0; l < 32; ++l) cc.out_u[l][0] = any;
+  });
+  return c.out_u[lane][0] != 0;
 }
 
 uint16_t smem16(uint32_t addr) {
@@ -373,6 +391,7 @@ inline const uint3& thread_idx() {
 #define gridDim (::emu::g_grid_dim)
 #define __syncthreads() ::emu::syncthreads()
 #define __shfl_xor_sync(mask, v, offset) ::emu::shfl_xor((v), (offset))
+#define __any_sync(mask, pred) ::emu::any_sync(pred)
 
 namespace tiled_attn {
 namespace flash_fwd {
@@ -382,6 +401,7 @@ inline uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(c - emu::g_smem);
 }
 inline void cp_async_16(uint32_t dst, const void* src, bool pred) { emu::cp_async(dst, src, pred); }
+inline void cp_async_16_full(uint32_t dst, const void* src) { emu::cp_async(dst, src, true); }
 inline void cp_async_commit() { emu::commit(); }
 template <int N>
 inline void cp_async_wait() {
@@ -420,18 +440,19 @@ inline uint4 ld_shared_b128(const void* p) {
 }  // namespace flash_fwd
 }  // namespace tiled_attn
 
-#include "attention/flash_fwd_kernel.cuh"
+#include "attention/flash_fwd_launch.cuh"
+#include "attention/sweep/flash_fwd_sweep.cuh"
 
-// The launcher of flash_fwd_launch.cuh (which uses <<<>>>), for the emulator: same grid, same slices.
+// launch_kernel (declared in flash_fwd_launch.cuh, which uses <<<>>> on the GPU), for the emulator:
+// same grid, same slices, every CTA run in turn. Everything above it (the per-head-dim TileConfig
+// dispatch, the kFold sibling for scale <= 0) is the GPU build's own code.
 namespace tiled_attn {
 namespace flash_fwd {
-template <int kHeadDim, typename T>
-cudaError_t run_flash_fwd(Params params, int batch_heads, cudaStream_t) {
-  using Tr = Traits<kHeadDim, TileConfig<kHeadDim>>;
+template <class Tr, typename T>
+cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
   if (Tr::kSmemBytes > emu::kMaxSmem) return cudaErrorInvalidValue;
   emu::g_smem_bytes = Tr::kSmemBytes;
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  constexpr int kMaxGridY = 65535;
   for (int64_t first = 0; first < batch_heads; first += kMaxGridY) {
     params.bh_offset = static_cast<int>(first);
     const unsigned gy = static_cast<unsigned>(std::min<int64_t>(kMaxGridY, batch_heads - first));
@@ -470,12 +491,47 @@ struct Case {
   bool causal;
   int64_t offset;  // causal offset
   bool bf16;
+  double scale = 0;  // 0: 1/sqrt(d); kZeroScale: a softmax scale of exactly 0
 };
+constexpr double kZeroScale = -0.0;  // a sentinel distinct from the default (checked with signbit)
+
+// Who runs a case: attention_fwd (the extension's entry: TileConfig dispatch) or one sweep variant.
+using Launcher = std::function<cudaError_t(tiled_attn::AttnDtype, const void*, const void*, const void*, void*, float*,
+                                           const Case&, tiled_attn::AttnStrides, tiled_attn::AttnStrides,
+                                           tiled_attn::AttnStrides, float)>;
+
+cudaError_t via_attention_fwd(tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
+                              float* lse, const Case& c, tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks,
+                              tiled_attn::AttnStrides os, float scale) {
+  return tiled_attn::attention_fwd(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os, scale,
+                                   c.causal, c.offset, nullptr);
+}
+
+// Sweep variant I through make_params and run_flash_fwd_cfg (so a kFold variant at scale <= 0 runs
+// its sibling without the fold, as the extension would).
+template <int I>
+cudaError_t via_variant(tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
+                        float* lse, const Case& c, tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks,
+                        tiled_attn::AttnStrides os, float scale) {
+  namespace ff = tiled_attn::flash_fwd;
+  ff::Params p;
+  int batch_heads;
+  const cudaError_t err = ff::make_params(q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, qs, ks, ks, os, scale,
+                                          c.causal, c.offset, p, batch_heads);
+  if (err != cudaSuccess || batch_heads == 0) return err;
+  constexpr int kD = ff::kSweep[I].head_dim;
+  if (dtype == tiled_attn::AttnDtype::kFloat16) return ff::run_flash_fwd_cfg<kD, ff::SweepCfg<I>, __half>(p, batch_heads, nullptr);
+  return ff::run_flash_fwd_cfg<kD, ff::SweepCfg<I>, __nv_bfloat16>(p, batch_heads, nullptr);
+}
+template <size_t... I>
+std::vector<Launcher> variant_launchers(std::index_sequence<I...>) {
+  return {Launcher(via_variant<static_cast<int>(I)>)...};
+}
 
 // q, k, v laid out (B, N, H, D) with the seq stride padded (a non-contiguous view); out (B, Nq, Hq, D)
 // with a padded head stride, lse (B, Hq, Nq); guard elements around everything.
 template <typename T>
-bool run_case(const Case& c, std::mt19937& rng) {
+bool run_case(const Case& c, std::mt19937& rng, const Launcher& launch, const char* who) {
   const int pad = 8, guard = 64;
   const int64_t q_seq = int64_t{c.hq} * c.d + pad, k_seq = int64_t{c.hkv} * c.d + pad;
   const int64_t q_batch = int64_t{c.nq} * q_seq, k_batch = int64_t{c.nk} * k_seq;
@@ -500,12 +556,13 @@ bool run_case(const Case& c, std::mt19937& rng) {
   emu::g_inputs = {{reinterpret_cast<const char*>(qp), q_elems * 2},
                    {reinterpret_cast<const char*>(kp), k_elems * 2},
                    {reinterpret_cast<const char*>(vp), k_elems * 2}};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  // The float the kernel gets, and the reference uses exactly that value.
+  const bool zero_scale = c.scale == 0 && std::signbit(c.scale);
+  const double scale =
+      static_cast<float>(zero_scale ? 0.0 : c.scale != 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d)));
   const tiled_attn::AttnStrides qs{q_batch, c.d, q_seq}, ks{k_batch, c.d, k_seq}, os{o_batch, o_head, o_seq};
-  const cudaError_t err = tiled_attn::attention_fwd(
-      c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp, vp, out.data() + guard,
-      lse.data() + guard, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os, static_cast<float>(scale), c.causal,
-      c.offset, nullptr);
+  const cudaError_t err = launch(c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp,
+                                 vp, out.data() + guard, lse.data() + guard, c, qs, ks, os, static_cast<float>(scale));
   if (err != cudaSuccess) emu::fail("attention_fwd returned " + std::to_string(static_cast<int>(err)));
 
   // float64 reference on the rounded inputs.
@@ -573,51 +630,72 @@ bool run_case(const Case& c, std::mt19937& rng) {
   // fp16/bf16 rounding of P and of the output: ~2^-11 / 2^-8 relative on O(1) values.
   const double tol = c.bf16 ? 2e-2 : 3e-3;
   const bool ok = max_err <= tol && max_lse_err <= 1e-3;
-  std::printf("%s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld  max|out-ref|=%.2e  "
-              "max|lse-ref|=%.2e\n",
-              ok ? "ok  " : "FAIL", c.d, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
-              static_cast<long long>(c.offset), max_err, max_lse_err);
+  std::printf("%s %s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f  "
+              "max|out-ref|=%.2e  max|lse-ref|=%.2e\n",
+              ok ? "ok  " : "FAIL", who, c.d, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
+              static_cast<long long>(c.offset), scale, max_err, max_lse_err);
   return ok;
 }
 
 }  // namespace
 
+// Optional arguments: a head dim (0: all), a seed, and which kernels: "default" (attention_fwd: the
+// TileConfig rows), "variants" (every sweep variant of that head dim), or "all" (the default).
 int main(int argc, char** argv) {
   const int only_d = argc > 1 ? std::atoi(argv[1]) : 0;
   const unsigned seed = argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)) : 20261122u;
+  const std::string which = argc > 3 ? argv[3] : "all";
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   emu::g_sched_rng.seed(seed);
-  std::vector<Case> cases;
+  // Cases per head dim; `core` ones also run for every sweep variant of that head dim.
+  std::vector<std::pair<Case, bool>> cases;
   for (int d : {32, 64, 96, 128, 192, 256}) {
     if (only_d && d != only_d) continue;
     const bool bf = d % 64 != 0;  // alternate the dtype across head dims; both on D = 64 and 128 below
     // ragged, several key tiles, GQA; non-causal
-    cases.push_back({2, 4, 2, 77, 150, d, false, 0, bf});
+    cases.push_back({{2, 4, 2, 77, 150, d, false, 0, bf}, true});
     // bottom-right causal with Nq < Nk, two query tiles for the 64-row configs
-    cases.push_back({1, 2, 1, 100, 203, d, true, 203 - 100, !bf});
+    cases.push_back({{1, 2, 1, 100, 203, d, true, 203 - 100, !bf}, true});
     // Nq > Nk bottom-right: the first rows see no key (output 0, lse -inf)
-    cases.push_back({1, 2, 2, 150, 70, d, true, 70 - 150, bf});
+    cases.push_back({{1, 2, 2, 150, 70, d, true, 70 - 150, bf}, true});
+    // several query tiles of the 256-row configs, ragged both ways, rows with no key; the other dtype
+    cases.push_back({{1, 1, 1, 300, 290, d, true, -20, !bf}, true});
+    // negative and zero scale (kFold's sibling path): full tiles, non-causal and causal
+    cases.push_back({{1, 1, 1, 64, 128, d, false, 0, bf, -0.3}, true});
+    cases.push_back({{1, 1, 1, 64, 128, d, true, 64, !bf, kZeroScale}, true});
     if (d == 64 || d == 128) {
       // top-left causal over two query tiles (diagonal inside tiles), MQA, the other dtype
-      cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});
-      cases.push_back({1, 3, 1, 200, 200, d, true, 0, !bf});
+      cases.push_back({{1, 3, 1, 200, 200, d, true, 0, bf}, false});
+      cases.push_back({{1, 3, 1, 200, 200, d, true, 0, !bf}, false});
       // one query, one key; no keys at all; an offset past every key (nothing masked)
-      cases.push_back({1, 1, 1, 1, 1, d, false, 0, false});
-      cases.push_back({1, 2, 1, 5, 0, d, false, 0, true});
-      cases.push_back({1, 1, 1, 130, 65, d, true, 1 << 30, false});
-      cases.push_back({1, 1, 1, 33, 65, d, true, -(1LL << 40), true});
+      cases.push_back({{1, 1, 1, 1, 1, d, false, 0, false}, true});
+      cases.push_back({{1, 2, 1, 5, 0, d, false, 0, true}, true});
+      cases.push_back({{1, 1, 1, 130, 65, d, true, 1 << 30, false}, false});
+      cases.push_back({{1, 1, 1, 33, 65, d, true, -(1LL << 40), true}, false});
     }
   }
-  int failed = 0;
-  for (const Case& c : cases) {
+  namespace ff = tiled_attn::flash_fwd;
+  const std::vector<Launcher> variants = variant_launchers(std::make_index_sequence<ff::kNumSweep>{});
+  int failed = 0, ran = 0;
+  auto run = [&](const Case& c, const Launcher& launch, const std::string& who) {
+    ++ran;
     try {
-      if (!(c.bf16 ? run_case<__nv_bfloat16>(c, rng) : run_case<__half>(c, rng))) ++failed;
+      const bool ok = c.bf16 ? run_case<__nv_bfloat16>(c, rng, launch, who.c_str())
+                             : run_case<__half>(c, rng, launch, who.c_str());
+      if (!ok) ++failed;
     } catch (const std::exception& e) {
       ++failed;
-      std::printf("FAIL D=%3d Nq=%d Nk=%d causal=%d: %s\n", c.d, c.nq, c.nk, c.causal, e.what());
+      std::printf("FAIL %s D=%3d Nq=%d Nk=%d causal=%d: %s\n", who.c_str(), c.d, c.nq, c.nk, c.causal, e.what());
+    }
+  };
+  for (const auto& [c, core] : cases) {
+    if (which != "variants") run(c, via_attention_fwd, "default");
+    if (which == "default" || !core) continue;
+    for (int i = 0; i < ff::kNumSweep; ++i) {
+      if (ff::kSweep[i].head_dim == c.d) run(c, variants[i], "variant" + std::to_string(i));
     }
   }
-  std::printf("%d of %zu cases failed\n", failed, cases.size());
+  std::printf("%d of %d cases failed\n", failed, ran);
   return failed ? 1 : 0;
 }

@@ -12,8 +12,9 @@ the only copy this backend makes of an input (an odd-offset slice or a last-dim-
 common layouts). `out` and `lse` from tiled_attn/attention.py always qualify; another `out` or `lse`
 gets a temporary that is copied back.
 
-Tile shapes per head dim live in csrc/attention/flash_fwd.cuh (TileConfig, compile-time: the
-templates need them) and are mirrored in configs.CUDA_ATTENTION; `tile_config(d)` returns that row.
+Tile shapes per head dim (and per causal launch where they differ) live in
+csrc/attention/flash_fwd.cuh (TileConfig, compile-time: the templates need them) and are mirrored in
+configs.CUDA_ATTENTION; `tile_config(d, causal=...)` returns that row.
 """
 from __future__ import annotations
 
@@ -50,9 +51,15 @@ def require_attention(q: torch.Tensor) -> None:
                            f"tiled_attn/cuda/attention.py lists it: rebuild the extension")
 
 
-def tile_config(d: int, device: torch.device | None = None) -> dict:
-    """The CUDA_ATTENTION row (tile shape, warps, stages) the kernel uses for head dim d."""
+def tile_config(d: int, device: torch.device | None = None, causal: bool = False) -> dict:
+    """The CUDA_ATTENTION row (tile shape, warps, stages, flags) the kernel uses for head dim d: the
+    ("fwd", arch, "*", d, "causal") row for a causal launch where there is one, else the plain row."""
     arch = configs.arch(device) if device is not None else "any"
+    if causal:
+        try:
+            return configs.lookup(configs.CUDA_ATTENTION, ("fwd", arch, "*", d, "causal"), "CUDA attention")
+        except KeyError:
+            pass
     return configs.lookup(configs.CUDA_ATTENTION, ("fwd", arch, "*", d), "CUDA attention")
 
 

@@ -3,8 +3,11 @@
 Three steps, like every wrapper: the arguments were validated by tiled_attn.softmax (_checks); here
 a config is looked up and the extension is called with raw tensors and the current stream. x2d may
 have any strides (a column stride != 1 takes the kernels' scalar path: correct, slower, never a
-hidden copy); out2d is row-major. Rows too long for an on-chip kernel raise ValueError from the
-extension before any launch when that kernel was pinned; kernel=None hands such rows to split_row.
+hidden copy); out2d is row-major. A row too long for an on-chip kernel (block_row_reg's registers,
+block_row_smem's shared memory: the extension's softmax_max_cols, which depends on dtype, layout
+and device) raises ValueError here, in Python, before the extension is asked to launch, when that
+kernel was pinned (DESIGN §5); kernel=None hands such rows to split_row. The extension checks the
+same limit again and raises too, but no valid call reaches that check.
 """
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ from . import _build
 # The ladder, slowest rung first (csrc/softmax/<name>.cu; csrc/bindings.cpp binds the same names).
 SOFTMAX_KERNELS = ("naive", "online_thread", "block_smem_tree", "block_shuffle", "warp_row",
                    "block_row_reg", "block_row_smem", "tile2d", "split_row")
+# The rungs that hold a whole row on chip and so have a longest row (csrc/bindings.cpp max_cols;
+# the extension answers -1, "any", for the others, which tests/test_cuda_softmax.py checks). Only
+# these cost the extra call into the extension per softmax.
+ON_CHIP_KERNELS = ("block_row_reg", "block_row_smem")
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,22 +49,30 @@ def _launch_args(kernel: str, cfg: dict, m: int, n: int, device: torch.device) -
 
 
 def plan(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None, ext=None) -> tuple[str, tuple]:
-    """(kernel name, launch args (threads, cluster, cta_bytes, chunk)) for this call."""
+    """(kernel name, launch args (threads, cluster, cta_bytes, chunk)) for this call. With the
+    extension `ext`, a row longer than the kernel's on-chip limit goes to split_row (kernel=None) or
+    raises ValueError (a pinned kernel)."""
     m, n = x2d.shape
     arch, dtype = configs.arch(x2d.device), configs.dtype_key(x2d.dtype)
-    if kernel is None:
+    pinned = kernel is not None
+    if not pinned:
         rule = configs.cuda_softmax_config("default", arch, dtype, n)
         kernel = rule["kernel"]
         if m < rule.get("few_rows", 0):
             kernel = rule["few_rows_kernel"]
+    cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
+    args = _launch_args(kernel, cfg, m, n, x2d.device)
+    on_chip = ext is not None and kernel in ON_CHIP_KERNELS
+    limit = ext.softmax_max_cols(kernel, x2d, out2d, *args) if on_chip else -1
+    if 0 <= limit < n:
+        if pinned:
+            raise ValueError(f"kernel={kernel!r} takes rows of at most {limit} columns for this dtype "
+                             f"({x2d.dtype}) and layout (strides {tuple(x2d.stride())}) on this device, "
+                             f"got {n} (kernel='split_row' or kernel=None take any length)")
+        kernel = "split_row"  # e.g. a strided row past block_row_reg's scalar register cache
         cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
         args = _launch_args(kernel, cfg, m, n, x2d.device)
-        if ext is not None and 0 <= ext.softmax_max_cols(kernel, x2d, out2d, *args) < n:
-            kernel = "split_row"  # e.g. a strided row past block_row_reg's scalar register cache
-        else:
-            return kernel, args
-    cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
-    return kernel, _launch_args(kernel, cfg, m, n, x2d.device)
+    return kernel, args
 
 
 def softmax_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = None) -> None:

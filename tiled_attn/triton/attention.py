@@ -8,10 +8,16 @@ Two kernels: attention_fwd.py (one program per query tile; training/prefill shap
 attention_decode.py (GQA group packed into the tile's rows, keys split over programs, partial states
 merged; short queries against long keys). The decode row of the config table says when the second
 one applies and how many splits to use.
+
+Host overhead matters for decode (a B = 1 step is a few µs of GPU time): everything that depends
+only on the shapes, dtype, device, mask and the config table — the kernel, its constexprs, the grid,
+the split count, the workspace size — is computed once per such key and cached (`_PLANS`, dropped
+whenever configs.TRITON_ATTENTION changes); a call then costs a dict lookup, the stride checks and
+the launches. The split-KV workspace is one allocation, and no device guard is entered when q is on
+the current device.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -24,12 +30,23 @@ from . import online
 from .attention_decode import attention_decode_kernel, attention_merge_kernel
 from .attention_fwd import attention_fwd_kernel
 
-__all__ = ["attention_forward", "config", "plan"]
+__all__ = ["attention_forward", "config", "plan", "clear_plans"]
 
 # tl.dot needs every tile dimension >= 16 (the smallest MMA shape Triton emits).
 MIN_DOT = 16
 # Above this stride, offsets inside one tile (up to 256 rows × stride) can pass 2^31: use int64.
 WIDE_STRIDE = 2 ** 31 // 256
+# The float32 q·k is summed in chunks of this many head dims (attention_fwd.py: numerics).
+SPLIT_D_CHUNK = 16
+# The merge kernel loads up to this many partials of a row at once (more: a loop of such tiles),
+# and at most MERGE_TILE_ELEMS float32 values ([BLOCK_S, BLOCK_D]: 64 registers a thread at 4 warps).
+MAX_MERGE_TILE = 64
+MERGE_TILE_ELEMS = 8192
+
+
+def merge_tile(splits: int, block_d: int) -> int:
+    """BLOCK_S of the merge kernel for `splits` partials of BLOCK_D values each."""
+    return max(1, min(MAX_MERGE_TILE, MERGE_TILE_ELEMS // block_d, triton.next_power_of_2(splits)))
 
 
 def d_class(d: int) -> str:
@@ -40,15 +57,18 @@ def size_class(n_k: int) -> str:
     return "short" if n_k <= 1024 else "long"
 
 
-def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, causal: bool, n_k: int) -> dict:
-    """The TRITON_ATTENTION row for this call: exact key first, then wildcards; arch before 'any'."""
-    arch = configs.arch(device)
+def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, causal: bool, n_k: int,
+           arch: str | None = None) -> dict:
+    """The TRITON_ATTENTION row for this call (exact key first, then wildcards; arch before 'any'),
+    completed with TRITON_ATTENTION_DEFAULTS for the fields it leaves out. `arch` overrides the
+    device's (offline compile checks)."""
+    arch = arch or configs.arch(device)
     exact = (configs.dtype_key(dtype), d_class(d), causal, size_class(n_k))
     for a in (arch, "any"):
         for rest in itertools.product(*((e, "*") for e in exact)):
             row = configs.TRITON_ATTENTION.get((kernel, a) + rest)
             if row is not None:
-                return row
+                return {**configs.TRITON_ATTENTION_DEFAULTS, **row}
     raise KeyError(f"no TRITON_ATTENTION config for {(kernel, arch) + exact}: add a row to "
                    "tiled_attn/configs.py")
 
@@ -79,7 +99,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
     if kernel is None:
         dec = config("decode", q.device, q.dtype, d, causal, n_k)
         kernel = "decode" if n_q * group <= dec["max_rows"] or n_q <= dec["max_q"] else "fwd"
-    cfg = dict(config(kernel, q.device, q.dtype, d, causal, n_k))
+    cfg = config(kernel, q.device, q.dtype, d, causal, n_k)
     p = {"kernel": kernel, "causal": causal, "offset": offset, "group": group,
          "BLOCK_D": max(MIN_DOT, triton.next_power_of_2(d)), **cfg}
     if kernel == "fwd":
@@ -91,8 +111,10 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
     # Keys some query can see: a causal mask hides the end of the keys from every row.
     n_seen = min(n_k, n_q + offset) if causal else n_k
     if num_splits is None:
+        # `waves` programs per SM in all: as many as are resident at once (2 at the H100 decode
+        # row's shared memory), so the grid is one wave with no tail.
         programs = b * hkv * p["m_tiles"]
-        wanted = triton.cdiv(cfg["waves"] * _sm_count(q.device), programs)
+        wanted = triton.cdiv(int(cfg["waves"] * _sm_count(q.device)), programs)
         num_splits = max(1, min(wanted, triton.cdiv(n_seen, cfg["min_split_keys"])))
     num_splits = max(1, min(num_splits, triton.cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
     p["split_len"] = triton.cdiv(triton.cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
@@ -100,48 +122,112 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
     return p
 
 
-def _strides(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.stride())
+# (shapes, dtype, device, mask, forced kernel/splits, scale > 0, interpreter) -> (table version,
+# launch plan). A plain dict: the keys are few per process (one per shape a model runs).
+_PLANS: dict = {}
 
 
-def _wide(*tensors: torch.Tensor) -> bool:
-    return any(s >= WIDE_STRIDE for t in tensors for s in t.stride())
+def clear_plans() -> None:
+    """Forget the cached launch plans (after changing what configs.arch returns, in tests)."""
+    _PLANS.clear()
+
+
+def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale, interpret) -> dict:
+    """Everything about a launch that does not depend on the tensors' addresses or strides."""
+    b, hq, n_q, d = q.shape
+    p = plan(q, k, causal, causal_offset, kernel=kernel, num_splits=num_splits)
+    fp32 = q.dtype == torch.float32
+    upcast = q.dtype == torch.bfloat16 and interpret  # see attention_fwd.kv_loop
+    # RAW scores (unscaled, the verbs take the scale) need scale > 0 for the max to commute with it;
+    # float32 always uses them when it can (fewer roundings in the exponent: attention_fwd.py).
+    raw = positive_scale and (bool(p["FMA"]) or fp32)
+    split_d = p["BLOCK_D"] // SPLIT_D_CHUNK if fp32 else 1
+    const = dict(
+        CAUSAL=p["causal"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], HEAD_DIM=d,
+        BLOCK_D=p["BLOCK_D"], EVEN_D=p["BLOCK_D"] == d,
+        # float32: a true fp32 product (TF32 would break the numerics rule against torch's fp32).
+        PRECISION="ieee" if fp32 or upcast else "tf32",
+        UPCAST=upcast, RAW=raw, FMA=raw and bool(p["FMA"]), LATE_L=bool(p["LATE_L"]),
+        SPLIT_D=split_d, ACCURATE=fp32, num_warps=p["num_warps"], num_stages=p["num_stages"])
+    lp = {"kernel": p["kernel"], "const": const, "offset": p["offset"], "group": p["group"],
+          "m_tiles": p["m_tiles"], "n_q": n_q, "n_k": k.shape[2], "d": d, "heads": hq,
+          # TMA: forward only, 16-bit only (the chunked float32 dot loads K in another shape), never
+          # in the interpreter's UPCAST mode; the per-call alignment check may still refuse it.
+          "tma": p["kernel"] == "fwd" and p["ADDR"] == "tma" and not fp32 and not upcast,
+          "addr": "offs" if p["ADDR"] == "tma" else p["ADDR"]}
+    if p["kernel"] == "fwd":
+        lp["grid"] = (b * hq * p["m_tiles"],)
+        return lp
+    splits = p["num_splits"]
+    rows = b * hq * n_q
+    lp.update(splits=splits, split_len=p["split_len"], rows=rows,
+              grid=(b * (hq // p["group"]) * p["m_tiles"] * splits,),
+              workspace=rows * splits * (d + 2),
+              merge_grid=(rows,),
+              merge_const=dict(BLOCK_S=merge_tile(splits, p["BLOCK_D"]), HEAD_DIM=d,
+                               BLOCK_D=p["BLOCK_D"], UPCAST=upcast, RAW=raw, ACCURATE=fp32,
+                               num_warps=p["merge_warps"]))
+    return lp
+
+
+def _get_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale) -> dict:
+    interpret = q.device.type != "cuda" or _checks.triton_interpret()
+    key = (q.shape, k.shape, q.dtype, q.device, causal, causal_offset, kernel, num_splits,
+           positive_scale, interpret)
+    version = configs.TRITON_ATTENTION.version
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale, interpret)
+    _PLANS[key] = (version, lp)
+    return lp
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Hopper TMA's rules for a (B, H, N, D) tensor descriptor: 16-byte aligned base and strides,
+    unit stride on D."""
+    s = t.stride()
+    es = t.element_size()
+    return (s[3] == 1 and t.data_ptr() % 16 == 0 and (s[0] * es) % 16 == 0 and (s[1] * es) % 16 == 0
+            and (s[2] * es) % 16 == 0)
 
 
 def attention_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
                       kernel: str | None = None, num_splits: int | None = None) -> None:
     """Fill out (B, Hq, Nq, D) and lse (B, Hq, Nq) with attention of q over k, v (see module doc)."""
-    b, hq, n_q, d = q.shape
-    n_k = k.shape[2]
-    p = plan(q, k, causal, causal_offset, kernel=kernel, num_splits=num_splits)
-    upcast = q.dtype == torch.bfloat16 and _checks.triton_interpret()  # see attention_fwd.kv_loop
-    common = dict(
-        CAUSAL=p["causal"], BLOCK_N=p["BLOCK_N"], HEAD_DIM=d, BLOCK_D=p["BLOCK_D"],
-        EVEN_D=p["BLOCK_D"] == d,
-        # float32: a true fp32 product (TF32 would break the numerics rule against torch's fp32).
-        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
-        UPCAST=upcast,
-        WIDE=_wide(q, k, v, out), num_warps=p["num_warps"], num_stages=p["num_stages"])
-    args = (*_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            hq, p["group"], n_q, n_k, p["offset"], scale * online.LOG2E, p["m_tiles"])
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        if p["kernel"] == "fwd":
-            grid = (b * hq * p["m_tiles"],)
-            attention_fwd_kernel[grid](q, k, v, out, lse, *args, BLOCK_M=p["BLOCK_M"], **common)
+    lp = _get_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0)
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
+    wide = max(max(sq), max(sk), max(sv), max(so)) >= WIDE_STRIDE
+    const = lp["const"]
+    args = (*sq, *sk, *sv, *so, lp["heads"], lp["group"], lp["n_q"], lp["n_k"], lp["offset"],
+            scale * online.LOG2E, lp["m_tiles"])
+    guard = q.is_cuda and q.device.index != torch.cuda.current_device()
+    if guard:
+        ctx = torch.cuda.device(q.device)
+        ctx.__enter__()
+    try:
+        if lp["kernel"] == "fwd":
+            addr = lp["addr"]
+            kk, vv = k, v
+            if lp["tma"] and _tma_ok(k) and _tma_ok(v):
+                from triton.tools.tensor_descriptor import TensorDescriptor
+                block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
+                kk = TensorDescriptor(k, list(k.shape), list(sk), block)
+                vv = TensorDescriptor(v, list(v.shape), list(sv), block)
+                addr = "tma"
+            attention_fwd_kernel[lp["grid"]](q, kk, vv, out, lse, *args, WIDE=wide, ADDR=addr, **const)
             return
-        splits = p["num_splits"]
-        grid = (b * (hq // p["group"]) * p["m_tiles"] * splits,)
+        splits = lp["splits"]
         if splits == 1:
-            attention_decode_kernel[grid](q, k, v, out, lse, lse, lse, lse, *args, 1, p["split_len"],
-                                          SPLIT=False, BLOCK_M=p["BLOCK_M"], **common)
+            attention_decode_kernel[lp["grid"]](q, k, v, out, lse, lse, *args, 1, lp["split_len"],
+                                                lp["rows"], SPLIT=False, WIDE=wide, ADDR=lp["addr"],
+                                                **const)
             return
-        rows = b * hq * n_q
-        part_acc = torch.empty(rows, splits, d, dtype=torch.float32, device=q.device)
-        part_m = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
-        part_l = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
-        attention_decode_kernel[grid](q, k, v, out, lse, part_acc, part_m, part_l, *args, splits,
-                                      p["split_len"], SPLIT=True, BLOCK_M=p["BLOCK_M"], **common)
-        attention_merge_kernel[(triton.cdiv(rows, p["merge_rows"]),)](
-            part_acc, part_m, part_l, out, lse, *_strides(out), rows, hq, n_q, splits,
-            BLOCK_R=p["merge_rows"], HEAD_DIM=d, BLOCK_D=p["BLOCK_D"], UPCAST=upcast,
-            num_warps=p["merge_warps"])
+        part = torch.empty(lp["workspace"], dtype=torch.float32, device=q.device)
+        attention_decode_kernel[lp["grid"]](q, k, v, out, lse, part, *args, splits, lp["split_len"],
+                                            lp["rows"], SPLIT=True, WIDE=wide, ADDR=lp["addr"], **const)
+        attention_merge_kernel[lp["merge_grid"]](part, out, lse, *so, lp["rows"], lp["heads"], lp["n_q"],
+                                                 splits, scale * online.LOG2E, **lp["merge_const"])
+    finally:
+        if guard:
+            ctx.__exit__(None, None, None)

@@ -5,9 +5,14 @@ GQA group (row r = g·Nq + i is query i of head kv_head·G + g), so each K/V til
 group instead of once per query head; with Nq = 1 that is what makes decode bandwidth-bound rather
 than bound by re-reading K/V G times. (2) The keys are split into `n_splits` ranges handled by
 different programs, so B·Hkv programs (often fewer than the SMs) become enough to fill the GPU.
-Each split writes its unnormalized partial (acc, m, l) to a float32 workspace (R, S, D) / (R, S),
-R = B·Hq·Nq; `attention_merge_kernel` folds the S partials with `online.merge` and finalizes. With
-one split the decode kernel finalizes in place and no workspace exists.
+Each split writes its unnormalized partial (acc, m, l) to one float32 workspace laid out
+[R·S·D accumulators | R·S maxima | R·S sums], R = B·Hq·Nq rows, S splits, part index r·S + s;
+`attention_merge_kernel` folds a row's S partials and finalizes. With one split the decode kernel
+finalizes in place and no workspace exists.
+
+The merge runs one program per row and loads all of the row's partials as one [BLOCK_S, BLOCK_D]
+tile (online.merge_parts), so its time is one memory round trip, not one per split: a loop over
+the splits (the first version) cost ~0.7 µs of load latency per split, S ≈ 33 at B = 1.
 
 When it wins: Nq·G small (one or two M tiles) and Nk large. The wrapper picks it from the
 TRITON_ATTENTION "decode" row (max_rows) and sizes S from the SM count (configs.py).
@@ -16,20 +21,22 @@ import triton
 import triton.language as tl
 
 from . import online
-from .attention_fwd import kv_bounds, kv_loop, load_q, tile_offsets, to_output
+from .attention_fwd import (dk_mask, finish_scale, head_dims, k_offsets, kv_bounds, kv_loop, q_mask,
+                            q_offsets, to_output)
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles", "n_splits", "split_len"])
+@triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles", "n_splits", "split_len", "n_rows"])
 def attention_decode_kernel(
-        Q, K, V, Out, Lse, PartAcc, PartM, PartL,
+        Q, K, V, Out, Lse, Part,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles, n_splits, split_len,
+        n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles, n_splits, split_len, n_rows,
         CAUSAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-        UPCAST: tl.constexpr, WIDE: tl.constexpr):
+        UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
+        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
     # Splits of one (batch, kv head, row tile) are adjacent programs: they run together and each
     # reads a disjoint slice of the same K/V.
     pid = tl.program_id(0)
@@ -45,20 +52,21 @@ def attention_decode_kernel(
     row_ok = r < group * n_q
     i = r % n_q                         # query index of the row
     h = (kvh * group + r // n_q).to(tl.int64)   # its query head
-    d_ok = tl.arange(0, BLOCK_D) < HEAD_DIM
-    offs_d = tl.arange(0, BLOCK_D)
-    if WIDE:
-        offs_d = offs_d.to(tl.int64)
+    d = head_dims(BLOCK_D, SPLIT_D, WIDE)
+    d_ok = d < HEAD_DIM
+    dv = head_dims(BLOCK_D, 1, WIDE)
+    dv_ok = (dv < HEAD_DIM)[None, :]
     # Rows of a packed tile are not evenly spaced in memory (head and query index both vary), so
     # each row has its own 64-bit base; Q is loaded once per program, so the gather is cheap.
     q_rows = b * stride_qb + h * stride_qh + i.to(tl.int64) * stride_qm
-    q = load_q(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, row_ok, d_ok, EVEN_D)
+    q = tl.load(Q + q_offsets(q_rows, d, stride_qd, SPLIT_D), mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D),
+                other=0.0)
 
     kvh64 = kvh.to(tl.int64)
-    k_base = K + b * stride_kb + kvh64 * stride_kh
-    v_base = V + b * stride_vb + kvh64 * stride_vh
-    k_tile = tile_offsets(stride_kn, stride_kd, BLOCK_N, BLOCK_D, WIDE)
-    v_tile = tile_offsets(stride_vn, stride_vd, BLOCK_N, BLOCK_D, WIDE)
+    k_src = K + b * stride_kb + kvh64 * stride_kh
+    v_src = V + b * stride_vb + kvh64 * stride_vh
+    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
 
     lo = split * split_len
     hi = tl.minimum(lo + split_len, n_k)
@@ -67,55 +75,67 @@ def attention_decode_kernel(
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, end = kv_bounds(lo, hi, row_first, row_last, causal_offset, CAUSAL, BLOCK_N)
-    acc, m, l = kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, i, d_ok,
-                        lo, full, n_k, causal_offset, qk_scale,
-                        False, CAUSAL, BLOCK_N, EVEN_D, PRECISION, UPCAST)
-    acc, m, l = kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, i, d_ok,
-                        full, end, n_k, causal_offset, qk_scale,
-                        True, CAUSAL, BLOCK_N, EVEN_D, PRECISION, UPCAST)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, 0, 0,
+                        i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, full, n_k, causal_offset, qk_scale,
+                        False, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, 0, 0,
+                        i, dk_mask(d_ok, SPLIT_D), dv_ok, full, end, n_k, causal_offset, qk_scale,
+                        True, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR)
 
     # Flat (B, Hq, Nq) row index: the lse layout, and the workspace's leading dim.
     flat = (b * n_heads + h) * n_q + i
     if SPLIT:
+        n_parts = n_rows.to(tl.int64) * n_splits
         part = flat * n_splits + split
-        tl.store(PartM + part, m, mask=row_ok)
-        tl.store(PartL + part, l, mask=row_ok)
-        acc_ptrs = PartAcc + part[:, None] * HEAD_DIM + offs_d[None, :]
-        tl.store(acc_ptrs, acc, mask=row_ok[:, None] & d_ok[None, :])
+        acc_ptrs = Part + part[:, None] * HEAD_DIM + dv[None, :]
+        tl.store(acc_ptrs, acc, mask=row_ok[:, None] & dv_ok)
+        tl.store(Part + n_parts * HEAD_DIM + part, m, mask=row_ok)
+        tl.store(Part + n_parts * (HEAD_DIM + 1) + part, l, mask=row_ok)
     else:
         o_rows = b * stride_ob + h * stride_oh + i.to(tl.int64) * stride_om
-        o_ptrs = Out + o_rows[:, None] + offs_d[None, :] * stride_od
-        out = to_output(online.attention_out(acc, l), Out.dtype.element_ty, UPCAST)
-        tl.store(o_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(Lse + flat, online.lse(m, l, 1.0), mask=row_ok)
+        o_ptrs = Out + o_rows[:, None] + dv[None, :] * stride_od
+        out = to_output(online.attention_out(acc, l, ACCURATE), Out.dtype.element_ty, UPCAST)
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
+        tl.store(Lse + flat, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])
 def attention_merge_kernel(
-        PartAcc, PartM, PartL, Out, Lse,
+        Part, Out, Lse,
         stride_ob, stride_oh, stride_om, stride_od,
-        n_rows, n_heads, n_q, n_splits,
-        BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
-    """Merge the S partial states of BLOCK_R rows (flat (B, Hq, Nq) index) and finalize them."""
-    flat = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = flat < n_rows
+        n_rows, n_heads, n_q, n_splits, qk_scale,
+        BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
+        RAW: tl.constexpr, ACCURATE: tl.constexpr):
+    """Merge the S partial states of one row (flat (B, Hq, Nq) index) and finalize it. All of a
+    row's partials are one contiguous [S, D] block: loaded as [BLOCK_S, BLOCK_D] tiles (one tile
+    unless S > BLOCK_S), merged with online.merge_parts."""
+    flat = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    m, l = online.identity(BLOCK_R)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in range(n_splits):
-        part = flat * n_splits + s
-        m_s = tl.load(PartM + part, mask=row_ok, other=float("-inf"))
-        l_s = tl.load(PartL + part, mask=row_ok, other=0.0)
-        acc_s = tl.load(PartAcc + part[:, None] * HEAD_DIM + offs_d[None, :],
-                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        m, l, a, a_s = online.merge(m, l, m_s, l_s, 1.0)
-        acc = acc * a[:, None] + acc_s * a_s[:, None]
+    offs_s = tl.arange(0, BLOCK_S)
+    n_parts = n_rows.to(tl.int64) * n_splits
+    scale = finish_scale(qk_scale, RAW)
+    m, l = online.identity(1)
+    acc = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        s_ok = s0 + offs_s < n_splits
+        part = flat * n_splits + s0 + offs_s
+        m_s = tl.load(Part + n_parts * HEAD_DIM + part, mask=s_ok, other=float("-inf"))[None, :]
+        l_s = tl.load(Part + n_parts * (HEAD_DIM + 1) + part, mask=s_ok, other=0.0)[None, :]
+        acc_s = tl.load(Part + part[:, None] * HEAD_DIM + offs_d[None, :],
+                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        # Unused slots are the identity state (m = -inf, l = 0): weight 0.
+        m_c, l_c, a_c = online.merge_parts(m_s, l_s, scale)
+        acc_c = tl.sum(acc_s * tl.trans(a_c), axis=0)[None, :]
+        m, l, a, a2 = online.merge(m, l, m_c, l_c, scale)
+        acc = acc * a[:, None] + acc_c * a2[:, None]
 
     i = flat % n_q
     bh = flat // n_q
-    o_rows = (bh // n_heads) * stride_ob + (bh % n_heads) * stride_oh + i * stride_om
-    o_ptrs = Out + o_rows[:, None] + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, to_output(online.attention_out(acc, l), Out.dtype.element_ty, UPCAST),
-             mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(Lse + flat, online.lse(m, l, 1.0), mask=row_ok)
+    o_base = Out + (bh // n_heads) * stride_ob + (bh % n_heads) * stride_oh + i * stride_om
+    out = to_output(online.attention_out(acc, l, ACCURATE), Out.dtype.element_ty, UPCAST)
+    tl.store(o_base + offs_d[None, :] * stride_od, out, mask=d_ok[None, :])
+    lse = online.lse(m, l, scale, ACCURATE)
+    tl.store(Lse + flat + tl.arange(0, 1), lse)

@@ -1,20 +1,37 @@
 """Fused attention forward (FlashAttention-2 in Triton): one program per (batch, head, query tile).
 
 The query tile [BLOCK_M, BLOCK_D] stays in registers while the program walks the key/value tiles:
-scores = q·kᵀ on the tensor cores, folded into the online-softmax state with `online.update`, the
+scores = q·kᵀ on the tensor cores, folded into the online-softmax state with the online verbs, the
 accumulator rescaled by the same factor, then acc += p·v. The full N×N score matrix never exists.
 
-Numerics: scores are pre-multiplied by sm_scale·log2(e) (one multiply per score) so every
-exponential is an exp2 and the verbs run with scale = 1.0 (online.py's docstring). The 16-bit
-paths round p to the input dtype for the second matmul, as FlashAttention does; float32 inputs use
-input_precision="ieee", since TF32's 10-bit mantissa would be far outside the numerics rule
-(DESIGN §4) against torch's float32.
+Numerics. Two score conventions (RAW, chosen by the wrapper; both call the same verbs):
+* RAW = False: scores are pre-multiplied by sm_scale·log2(e) (one multiply per score) so the
+  verbs run with scale = 1.0 and m is in log2 units (online.py's docstring).
+* RAW = True: scores stay q·k and the verbs get sm_scale·log2(e) as their scale, so
+  exp2((s − m)·c), or with FMA = True exp2(s·c − m·c) as one fused multiply-add per score (the form
+  of the Triton tutorial and FlexAttention: one instruction fewer per score than the multiply then
+  subtract). Needs sm_scale > 0; the wrapper falls back to RAW = False otherwise.
+The 16-bit paths round p to the input dtype for the second matmul, as FlashAttention does. float32
+inputs use input_precision="ieee" (TF32's 10-bit mantissa is far outside the numerics rule,
+DESIGN §4) and ACCURATE finalization (online.py), and split the q·k reduction into SPLIT_D chunks of
+16 head dims summed at the end: on the GPU an ieee dot is one chain of D fused multiply-adds per
+score, whose rounding error grows like D (measured in emulation: D = 111, Nq = 1 against 239 keys,
+max output error 4.5e-7 as one chain, 1.9e-7 in chunks, torch's own 0.8-2e-7), so chunks keep the
+float32 kernels within 2× of torch's blocked BLAS/cuBLAS sums.
 
 Masking costs nothing off the diagonal: `kv_bounds` splits each key range into tiles every query of
 the tile sees in full (`kv_loop` with MASKED=False: no mask, no bounds checks on keys) and a band
 that needs the causal mask and/or the ragged end of the keys (MASKED=True). Tiles no query of the
-tile can see are never visited. The same two helpers serve the split-KV decode kernel
+tile can see are never visited. The same helpers serve the split-KV decode kernel
 (attention_decode.py), whose query rows come from several heads.
+
+Addressing of the K/V tiles (ADDR, a config field so the tuning sweep can compare them):
+"ptr" carries [BLOCK_N, BLOCK_D] pointer tensors across iterations (advanced by a 64-bit step);
+"offs" rebuilds them each iteration from a scalar 64-bit base and loop-invariant in-tile offsets,
+so the loop carries no pointer tensor (fewer live registers); "tma" loads through Hopper tensor
+descriptors (K and V are then host TensorDescriptors over (B, Hkv, Nk, D), whose zero fill past
+Nk and D replaces every load mask; the wrapper uses it only where TMA's alignment rules hold).
+LATE_L folds Σp into l after the P·V product is issued, so the row sum can overlap the MMA.
 """
 import triton
 import triton.language as tl
@@ -38,16 +55,6 @@ def kv_bounds(lo, hi, row_first, row_last, causal_offset, CAUSAL: tl.constexpr, 
 
 
 @triton.jit
-def load_q(ptrs, row_ok, d_ok, EVEN_D: tl.constexpr):
-    """The query tile [rows, BLOCK_D], zero in padded rows and padded head-dim columns."""
-    if EVEN_D:
-        q = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
-    else:
-        q = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    return q
-
-
-@triton.jit
 def bf16_grid(x):
     """Round float32 x to the nearest-even bfloat16 value, kept in float32 (interpreter only)."""
     bits = x.to(tl.uint32, bitcast=True)
@@ -64,19 +71,84 @@ def to_output(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, rows, d_ok,
-            lo, hi, n_k, causal_offset, qk_scale,
-            MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-            EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def head_dims(BLOCK_D: tl.constexpr, SPLIT_D: tl.constexpr, WIDE: tl.constexpr):
+    """Head-dim indices: [BLOCK_D], or [SPLIT_D, BLOCK_D // SPLIT_D] (chunk, index in chunk) for
+    the chunked float32 q·k; int64 when a stride times them could pass 2^31."""
+    if SPLIT_D > 1:
+        DC: tl.constexpr = BLOCK_D // SPLIT_D
+        d = tl.arange(0, SPLIT_D)[:, None] * DC + tl.arange(0, DC)[None, :]
+    else:
+        d = tl.arange(0, BLOCK_D)
+    if WIDE:
+        d = d.to(tl.int64)
+    return d
+
+
+@triton.jit
+def q_offsets(row_offs, d, stride_d, SPLIT_D: tl.constexpr):
+    """Element offsets of the query tile from per-row offsets [BLOCK_M]: [BLOCK_M, BLOCK_D], or
+    [SPLIT_D, BLOCK_M, DC] for the chunked dot (batch = chunk)."""
+    if SPLIT_D > 1:
+        offs = row_offs[None, :, None] + d[:, None, :] * stride_d
+    else:
+        offs = row_offs[:, None] + d[None, :] * stride_d
+    return offs
+
+
+@triton.jit
+def q_mask(row_ok, d_ok, EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr):
+    if SPLIT_D > 1:
+        mask = row_ok[None, :, None]
+        if not EVEN_D:
+            mask = mask & d_ok[:, None, :]
+    else:
+        mask = row_ok[:, None]
+        if not EVEN_D:
+            mask = mask & d_ok[None, :]
+    return mask
+
+
+@triton.jit
+def k_offsets(stride_n, d, stride_d, BLOCK_N: tl.constexpr, SPLIT_D: tl.constexpr, WIDE: tl.constexpr):
+    """In-tile offsets of a key tile: [BLOCK_N, BLOCK_D], or [SPLIT_D, DC, BLOCK_N] (already
+    transposed for the chunked dot)."""
+    n = tl.arange(0, BLOCK_N)
+    if WIDE:
+        n = n.to(tl.int64)
+    if SPLIT_D > 1:
+        offs = n[None, None, :] * stride_n + d[:, :, None] * stride_d
+    else:
+        offs = n[:, None] * stride_n + d[None, :] * stride_d
+    return offs
+
+
+@triton.jit
+def dk_mask(d_ok, SPLIT_D: tl.constexpr):
+    """The head-dim mask shaped to broadcast against a key tile (see k_offsets)."""
+    if SPLIT_D > 1:
+        mask = d_ok[:, :, None]
+    else:
+        mask = d_ok[None, :]
+    return mask
+
+
+@triton.jit
+def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+            rows, dk_ok, dv_ok, lo, hi, n_k, causal_offset, qk_scale,
+            MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, RAW: tl.constexpr,
+            FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ADDR: tl.constexpr):
     """Fold keys [lo, hi) (lo a multiple of BLOCK_N) into (acc, m, l) for the query tile q.
 
     The last tile of a MASKED range is cut by n_k and the causal mask, not by hi: so hi must be n_k
     or a multiple of BLOCK_N (the split-KV ranges are), or keys past hi would be folded in too.
 
-    k_base/v_base point at key 0 of this program's kv head (64-bit offsets already applied);
-    k_tile/v_tile are the in-tile offsets [BLOCK_N, BLOCK_D]; `rows` are the query indices of the
-    tile's rows, used by the causal mask. With MASKED, keys j >= n_k and (CAUSAL) j > i + offset
-    score -inf, which the verbs turn into p = 0 (and a fully masked row keeps m = -inf, l = 0).
+    k_src/v_src: with ADDR "ptr"/"offs" pointers at key 0 of this program's kv head (64-bit
+    offsets already applied) and k_tile/v_tile the in-tile offsets (k_offsets); with "tma" the
+    tensor descriptors, read at (kv_b, kv_h, key, 0). `rows` are the query indices of the tile's
+    rows, used by the causal mask; dk_ok/dv_ok the head-dim masks shaped for the K and V tiles. With
+    MASKED, keys j >= n_k and (CAUSAL) j > i + offset score -inf, which the verbs turn into p = 0
+    (and a fully masked row keeps m = -inf, l = 0).
 
     UPCAST is set only under TRITON_INTERPRET=1 for bfloat16, where Triton 3.6's interpreter has two
     bugs: it multiplies bfloat16 as raw uint16 bit patterns, and its float32 -> bfloat16 cast
@@ -84,66 +156,92 @@ def kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, 
     multiplied with PRECISION = "ieee", accumulating in float32 as the tensor cores do, and p is
     rounded to the bfloat16 grid on its bits (bf16_grid), so the CPU tests see the GPU's numerics.
     """
-    # Pointer steps in 64 bits: BLOCK_N·stride can pass 2^31 for a huge key stride.
-    k_ptrs = k_base + tl.cast(lo, tl.int64) * stride_kn + k_tile
-    v_ptrs = v_base + tl.cast(lo, tl.int64) * stride_vn + v_tile
-    k_step = tl.full([], BLOCK_N, tl.int64) * stride_kn
-    v_step = tl.full([], BLOCK_N, tl.int64) * stride_vn
     offs_n = tl.arange(0, BLOCK_N)
+    if ADDR == "ptr":
+        # Pointer steps in 64 bits: BLOCK_N·stride can pass 2^31 for a huge key stride.
+        k_ptrs = k_src + tl.cast(lo, tl.int64) * stride_kn + k_tile
+        v_ptrs = v_src + tl.cast(lo, tl.int64) * stride_vn + v_tile
+        k_step = tl.full([], BLOCK_N, tl.int64) * stride_kn
+        v_step = tl.full([], BLOCK_N, tl.int64) * stride_vn
     if UPCAST:
         q = q.to(tl.float32)
-    # Loads are written out here rather than through a helper: each nested jit call costs ~2 ms
+    # Loads are written out here rather than through a helper: each nested jit call costs ~0.3-2 ms
     # in the interpreter, per key tile. The masks exist only where a constexpr says the tile can
     # be ragged, so the unmasked loop issues plain (vectorized, pipelined) loads.
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
         key_ok = cols < n_k
-        if MASKED:
-            if EVEN_D:
-                kv_mask = key_ok[:, None]
-            else:
-                kv_mask = key_ok[:, None] & d_ok[None, :]
-            kv_other = 0.0
+        if ADDR == "tma":
+            k = k_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
-            if EVEN_D:
-                kv_mask = None
-                kv_other = None
+            if ADDR == "offs":
+                k_ptrs = k_src + tl.cast(start, tl.int64) * stride_kn + k_tile
+                v_ptrs = v_src + tl.cast(start, tl.int64) * stride_vn + v_tile
+            if MASKED:
+                if SPLIT_D > 1:
+                    k_mask = key_ok[None, None, :]
+                else:
+                    k_mask = key_ok[:, None]
+                v_mask = key_ok[:, None]
+                if not EVEN_D:
+                    k_mask = k_mask & dk_ok
+                    v_mask = v_mask & dv_ok
+                k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+            elif EVEN_D:
+                k = tl.load(k_ptrs)
             else:
-                kv_mask = d_ok[None, :]
-                kv_other = 0.0
-        k = tl.load(k_ptrs, mask=kv_mask, other=kv_other)
+                k = tl.load(k_ptrs, mask=dk_ok, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if SPLIT_D > 1:
+            s = tl.sum(tl.dot(q, k, input_precision=PRECISION), axis=0)
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if not RAW:
+            s = s * qk_scale
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
             s = tl.where(visible, s, float("-inf"))
-        m, l, p, alpha = online.update(m, l, s, 1.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=kv_other)
+        if RAW:
+            m, p, alpha = online.update_max(m, s, qk_scale, FMA)
+        else:
+            m, p, alpha = online.update_max(m, s, 1.0)
+        if not LATE_L:
+            l = online.update_sum(l, p, alpha)
+        if ADDR != "tma":
+            if MASKED:
+                v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+            elif EVEN_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=dv_ok, other=0.0)
         # 16-bit inputs: p is rounded to the input dtype for the tensor-core P·V, as in FlashAttention.
         if UPCAST:  # inline, not to_output(): a nested call per key tile is slow in the interpreter
             bits = p.to(tl.uint32, bitcast=True)
-            p = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            p_dot = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
             v = v.to(tl.float32)
         else:
-            p = p.to(v_base.dtype.element_ty)
-        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
-        k_ptrs += k_step
-        v_ptrs += v_step
+            p_dot = p.to(v.dtype)
+        acc = tl.dot(p_dot, v, acc * alpha[:, None], input_precision=PRECISION)
+        if LATE_L:
+            l = online.update_sum(l, p, alpha)
+        if ADDR == "ptr":
+            k_ptrs += k_step
+            v_ptrs += v_step
     return acc, m, l
 
 
 @triton.jit
-def tile_offsets(stride_n, stride_d, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
-    """In-tile element offsets [BLOCK, BLOCK_D]; int64 when a stride times a block could pass 2^31."""
-    offs_n = tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, BLOCK_D)
-    if WIDE:
-        offs_n = offs_n.to(tl.int64)
-        offs_d = offs_d.to(tl.int64)
-    return offs_n[:, None] * stride_n + offs_d[None, :] * stride_d
+def finish_scale(qk_scale, RAW: tl.constexpr):
+    """The scale the state (m) was built with: lse() and merge() take it."""
+    if RAW:
+        scale = qk_scale
+    else:
+        scale = 1.0
+    return scale
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles"])
@@ -156,7 +254,8 @@ def attention_fwd_kernel(
         n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        WIDE: tl.constexpr):
+        WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr,
+        SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
     # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
     # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
     # short tiles fill the tail of the schedule.
@@ -165,41 +264,57 @@ def attention_fwd_kernel(
     tile = pid % m_tiles
     if CAUSAL:
         tile = m_tiles - 1 - tile
-    b = (bh // n_heads).to(tl.int64)
-    h = bh % n_heads
-    kvh = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
+    b32 = bh // n_heads
+    h32 = bh % n_heads
+    kvh32 = h32 // group
+    b = b32.to(tl.int64)
+    h = h32.to(tl.int64)
+    kvh = kvh32.to(tl.int64)
     m0 = tile * BLOCK_M
 
     rows = m0 + tl.arange(0, BLOCK_M)
     row_ok = rows < n_q
-    d_ok = tl.arange(0, BLOCK_D) < HEAD_DIM
+    d = head_dims(BLOCK_D, SPLIT_D, WIDE)
+    d_ok = d < HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    if WIDE:
+        offs_m = offs_m.to(tl.int64)
     q_base = Q + b * stride_qb + h * stride_qh + tl.cast(m0, tl.int64) * stride_qm
-    q = load_q(q_base + tile_offsets(stride_qm, stride_qd, BLOCK_M, BLOCK_D, WIDE), row_ok, d_ok, EVEN_D)
+    q = tl.load(q_base + q_offsets(offs_m * stride_qm, d, stride_qd, SPLIT_D),
+                mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D), other=0.0)
 
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
-    k_tile = tile_offsets(stride_kn, stride_kd, BLOCK_N, BLOCK_D, WIDE)
-    v_tile = tile_offsets(stride_vn, stride_vd, BLOCK_N, BLOCK_D, WIDE)
+    if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
+        k_src = K
+        v_src = V
+    else:
+        k_src = K + b * stride_kb + kvh * stride_kh
+        v_src = V + b * stride_vb + kvh * stride_vh
+    dv = head_dims(BLOCK_D, 1, WIDE)
+    dv_ok = (dv < HEAD_DIM)[None, :]
+    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    dk_ok = dk_mask(d_ok, SPLIT_D)
 
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_last = tl.minimum(m0 + BLOCK_M, n_q) - 1
     full, end = kv_bounds(0, n_k, m0, row_last, causal_offset, CAUSAL, BLOCK_N)
-    acc, m, l = kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, rows, d_ok,
-                        0, full, n_k, causal_offset, qk_scale,
-                        False, CAUSAL, BLOCK_N, EVEN_D, PRECISION, UPCAST)
-    acc, m, l = kv_loop(acc, m, l, q, k_base, v_base, k_tile, v_tile, stride_kn, stride_vn, rows, d_ok,
-                        full, end, n_k, causal_offset, qk_scale,
-                        True, CAUSAL, BLOCK_N, EVEN_D, PRECISION, UPCAST)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
+                        rows, dk_ok, dv_ok, 0, full, n_k, causal_offset, qk_scale,
+                        False, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
+                        rows, dk_ok, dv_ok, full, end, n_k, causal_offset, qk_scale,
+                        True, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR)
 
-    out = online.attention_out(acc, l)
+    out = online.attention_out(acc, l, ACCURATE)
     o_base = Out + b * stride_ob + h * stride_oh + tl.cast(m0, tl.int64) * stride_om
-    o_ptrs = o_base + tile_offsets(stride_om, stride_od, BLOCK_M, BLOCK_D, WIDE)
+    o_ptrs = o_base + offs_m[:, None] * stride_om + dv[None, :] * stride_od
     out = to_output(out, Out.dtype.element_ty, UPCAST)
     if EVEN_D:
         tl.store(o_ptrs, out, mask=row_ok[:, None])
     else:
-        tl.store(o_ptrs, out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
     lse_ptrs = Lse + (bh.to(tl.int64) * n_q + m0) + tl.arange(0, BLOCK_M)
-    tl.store(lse_ptrs, online.lse(m, l, 1.0), mask=row_ok)
+    tl.store(lse_ptrs, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)

@@ -13,6 +13,19 @@ their `m` is then in log2 units and `lse()` converts back to natural units.
 Every verb guards a max of -inf (a row that has seen only -inf or only masked keys) by shifting by 0
 instead, so exp2(-inf − 0) = 0 and no NaN appears; `normalize` keeps torch.softmax's NaN for a row
 of only -inf (0/0), while `attention_out` gives the fully-masked-row contract (0, lse = -inf).
+
+Two optional constexpr switches (defaults keep every existing caller's code unchanged):
+* FMA (update, update_max): evaluate exp2((x − m)·scale) as exp2(x·scale − m·scale), one fused
+  multiply-add per element instead of a subtract and a multiply (the FMA form the Triton tutorial and
+  FlexAttention use; it needs scale > 0, as the verbs' max does anyway). One rounding instead of two,
+  so it is at least as accurate.
+* ACCURATE (normalize, attention_out, lse): IEEE round-to-nearest division (div.rn rather than
+  Triton's default div.full.f32, 2 ulp) and lse = m·scale·ln2 + ln(l) as one FMA over an accurate
+  log (Triton 3.6 lowers tl.log and tl.math.log2 to libdevice's polynomials, not lg2.approx). For
+  float32 inputs, where the numerics rule compares against torch's float32 (DESIGN §4); the 16-bit
+  paths keep the fast forms (their eps dwarfs a float32 ulp). exp2 has no more accurate form on
+  NVIDIA GPUs (libdevice's exp2f is the same ex2.approx.ftz instruction, 2 ulp; checked in the
+  sm_90a PTX).
 """
 import triton
 import triton.language as tl
@@ -35,19 +48,38 @@ def identity(BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def update(m, l, x, scale):
+def update_max(m, x, scale, FMA: tl.constexpr = False):
+    """The max half of `update`: m' = max(m, max(x)), p = exp(x − m'), alpha = exp(m − m').
+
+    Split from the sum so an attention kernel can fold Σp into l after issuing its P·V product
+    (update_sum), letting the row sum overlap the matrix multiply. Returns (m', p, alpha).
+    """
+    m_new = tl.maximum(m, tl.max(x, axis=1))
+    shift = finite_or_zero(m_new)
+    alpha = tl.math.exp2((m - shift) * scale)
+    if FMA:
+        p = tl.math.exp2(tl.math.fma(x, scale, -(shift * scale)[:, None]))
+    else:
+        p = tl.math.exp2((x - shift[:, None]) * scale)
+    return m_new, p, alpha
+
+
+@triton.jit
+def update_sum(l, p, alpha):
+    """The sum half of `update`: l' = l·alpha + Σp."""
+    return l * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def update(m, l, x, scale, FMA: tl.constexpr = False):
     """Fold a tile x [BLOCK_M, BLOCK_N] into (m, l).
 
     m' = max(m, max(x)),  l' = l·exp(m − m') + Σ exp(x − m').
     Returns (m', l', p, alpha) with p = exp(x − m') (the attention kernels multiply it into V) and
     alpha = exp(m − m') (the factor that rescales an output accumulator).
     """
-    m_new = tl.maximum(m, tl.max(x, axis=1))
-    shift = finite_or_zero(m_new)
-    alpha = tl.math.exp2((m - shift) * scale)
-    p = tl.math.exp2((x - shift[:, None]) * scale)
-    l_new = l * alpha + tl.sum(p, axis=1)
-    return m_new, l_new, p, alpha
+    m_new, p, alpha = update_max(m, x, scale, FMA)
+    return m_new, update_sum(l, p, alpha), p, alpha
 
 
 @triton.jit
@@ -61,32 +93,56 @@ def merge(m1, l1, m2, l2, scale):
 
 
 @triton.jit
-def merge_many(m_parts, l_parts, scale):
-    """Merge states laid out along axis 1 ([BLOCK_M, SPLITS], unused splits = identity)."""
+def merge_parts(m_parts, l_parts, scale):
+    """Merge states laid out along axis 1 ([BLOCK_M, SPLITS], unused splits = identity).
+
+    Returns (m, l, a) with a = exp(m_parts − m) [BLOCK_M, SPLITS], the factor that rescales each
+    part's output accumulator."""
     m = tl.max(m_parts, axis=1)
     shift = finite_or_zero(m)
-    l = tl.sum(l_parts * tl.math.exp2((m_parts - shift[:, None]) * scale), axis=1)
+    a = tl.math.exp2((m_parts - shift[:, None]) * scale)
+    return m, tl.sum(l_parts * a, axis=1), a
+
+
+@triton.jit
+def merge_many(m_parts, l_parts, scale):
+    """Merge states laid out along axis 1 ([BLOCK_M, SPLITS], unused splits = identity)."""
+    m, l, _ = merge_parts(m_parts, l_parts, scale)
     return m, l
 
 
 @triton.jit
-def normalize(x, m, l, scale):
-    """Softmax finalize: y = exp(x − m) / l. A row of only -inf gives NaN, as torch.softmax does."""
-    return tl.math.exp2((x - finite_or_zero(m)[:, None]) * scale) / l[:, None]
+def _div(x, y, ACCURATE: tl.constexpr):
+    if ACCURATE:
+        q = tl.math.div_rn(x, y)
+    else:
+        q = x / y
+    return q
 
 
 @triton.jit
-def attention_out(acc, l):
+def normalize(x, m, l, scale, ACCURATE: tl.constexpr = False):
+    """Softmax finalize: y = exp(x − m) / l. A row of only -inf gives NaN, as torch.softmax does."""
+    return _div(tl.math.exp2((x - finite_or_zero(m)[:, None]) * scale), l[:, None], ACCURATE)
+
+
+@triton.jit
+def attention_out(acc, l, ACCURATE: tl.constexpr = False):
     """Attention finalize: acc / l, and 0 for a row with no visible key (l = 0)."""
     empty = l == 0.0
-    return tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
+    return tl.where(empty[:, None], 0.0, _div(acc, tl.where(empty, 1.0, l)[:, None], ACCURATE))
 
 
 @triton.jit
-def lse(m, l, scale):
+def lse(m, l, scale, ACCURATE: tl.constexpr = False):
     """Natural-log sum of exp of the scaled scores: (m·scale + log2 l)·ln2; -inf where l = 0.
 
     `scale` is the one the state was built with (LOG2E for raw inputs, 1.0 for log2-unit scores),
-    so m·scale is in log2 units.
+    so m·scale is in log2 units. ACCURATE: fma(m, scale·ln2, ln l), two roundings of the result's
+    magnitude instead of three.
     """
-    return tl.where(l == 0.0, float("-inf"), (finite_or_zero(m) * scale + tl.math.log2(l)) * LN2)
+    if ACCURATE:
+        value = tl.math.fma(finite_or_zero(m), scale * LN2, tl.log(l))
+    else:
+        value = (finite_or_zero(m) * scale + tl.math.log2(l)) * LN2
+    return tl.where(l == 0.0, float("-inf"), value)

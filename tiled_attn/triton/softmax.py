@@ -5,17 +5,23 @@ The dispatcher (tiled_attn/softmax.py) hands over an (M, N) view with any stride
   "row"    the row is one tile in registers: one read, one write (N up to 32768).
   "online" any N: one pass folding tiles into the online state, a reverse pass normalizing.
   "split"  few huge rows: S programs per row, partial states merged through an (M, S) buffer
-           (two kernels, x read twice; or, where TRITON_SOFTMAX_DEFAULT enables split_single_pass
-           and a row fits in S co-resident programs' registers, one cooperative kernel that reads
-           x once: softmax_split_sync.py).
+           (two kernels, x read twice); or, where the "split" config row of the size class sets
+           SINGLE_PASS, one cooperative kernel whose S co-resident programs per row exchange their
+           states and normalize without a second read of x (softmax_split_sync.py).
 kernel=None picks by TRITON_SOFTMAX_DEFAULT (configs.py): "row" while the row fits on chip, else
-"split" when there are too few rows to fill the SMs, else "online". The backward picks the same way
-among its row / looped / split variants.
+"split" when there are too few rows to fill the SMs or the size class runs the single pass (it
+reads x once, so it wins for any M), else "online". The backward picks the same way among its row /
+looped / split variants (it has no single pass).
+Every config field beyond tile sizes is optional with the old behaviour as default (configs.py
+lists them): STAGES (cp.async pipelining of a tile loop), EVICT (cache hints), WAVES (row grid),
+maxnreg (a register cap passed to ptxas).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import math
 
 import torch
 import triton
@@ -59,13 +65,36 @@ def _sm_count(device: torch.device, arch: str) -> int:
 _OCCUPANCY: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def _driver_programs_per_sm(compiled, threads: int) -> int | None:
+    """The driver's own count (cuOccupancyMaxActiveBlocksPerMultiprocessor) for a loaded kernel:
+    the figure a cooperative launch is checked against. None where it cannot be asked."""
+    try:
+        n = ctypes.c_int(0)
+        rc = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), ctypes.c_void_p(compiled.function), threads, compiled.metadata.shared)
+    except Exception:  # noqa: BLE001 -- no libcuda symbol / handle: use our own count
+        return None
+    return n.value if rc == 0 and n.value > 0 else None
+
+
 def _programs_per_sm(fn, args: tuple, meta: dict, device: torch.device) -> int:
     """How many programs of this compiled kernel fit on one SM at once (Triton tutorial 02).
 
     Compiles the kernel for these arguments (fn.warmup: the launch that follows reuses it) and
-    divides the SM's registers, shared memory and thread slots by what one program takes. Cached per
-    (kernel, meta-parameters, dtypes, device); other specializations of the same kernel (another
-    alignment of the strides) differ by a few registers at most.
+    divides the SM's registers, shared memory and thread slots by what one program takes; where the
+    driver answers cuOccupancyMaxActiveBlocksPerMultiprocessor, the smaller of the two counts (the
+    driver's is what a cooperative launch is held to). Cached per (kernel, meta-parameters, dtypes,
+    device); other specializations of the same kernel (another alignment of the strides) differ by
+    a few registers at most.
     """
     if device.type != "cuda":
         return 1
@@ -84,6 +113,9 @@ def _programs_per_sm(fn, args: tuple, meta: dict, device: torch.device) -> int:
                 props.max_threads_per_multi_processor // (num_warps * warp), 32]
         # The driver reserves 1 KB of shared memory per resident program (sm80+).
         fits.append(props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024))
+        driver = _driver_programs_per_sm(compiled, num_warps * warp)
+        if driver is not None:
+            fits.append(driver)
         _OCCUPANCY[key] = max(1, min(fits))
     return _OCCUPANCY[key]
 
@@ -111,6 +143,8 @@ def _choose(m: int, n: int, arch: str, dtype: torch.dtype, device: torch.device,
     if n <= rule[row_limit]:
         return "row"
     if m < rule["split_rows_per_sm"] * _sm_count(device, arch):
+        return "split"
+    if row_limit == "row_max_n" and _config("split", n, arch, dtype).get("SINGLE_PASS"):
         return "split"
     return "online"
 
@@ -147,7 +181,19 @@ def _split_plan(m: int, n: int, cfg: dict, device: torch.device, arch: str):
 
 
 def _launch_options(cfg: dict) -> dict:
-    return dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("maxnreg"):
+        opts["maxnreg"] = cfg["maxnreg"]  # ptxas register cap: more programs per SM
+    return opts
+
+
+def _hints(cfg: dict, *names: str) -> dict:
+    """The cache-hint constexprs of softmax_io.py for a config: with EVICT, data re-read by a later
+    pass is loaded evict_last (KEEP), a last read evict_first (LAST), the output streamed (STORE)."""
+    on = bool(cfg.get("EVICT"))
+    values = {"KEEP": "evict_last" if on else "", "LAST": "evict_first" if on else "",
+              "STORE": ".cs" if on else ""}
+    return {k: values[k] for k in names}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,12 +224,15 @@ def _forward_row(x, out, cfg, device, arch):
     m, n = x.shape
     block_n = triton.next_power_of_2(n)
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
-                MASK_N=block_n != n, **_launch_options(cfg))
+                MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
+                **_launch_options(cfg))
     args = (x, out, m, n, x.stride(0), x.stride(1), out.stride(0))
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
-    per_sm = _programs_per_sm(softmax_row_kernel, args, meta, device)
-    grid = (min(blocks, per_sm * _sm_count(device, arch)),)
-    softmax_row_kernel[grid](*args, **meta)
+    waves = cfg.get("WAVES", 1)
+    if waves:  # a persistent grid of `waves` × what fits on the GPU at once
+        per_sm = _programs_per_sm(softmax_row_kernel, args, meta, device)
+        blocks = min(blocks, math.ceil(waves * per_sm * _sm_count(device, arch)))
+    softmax_row_kernel[(blocks,)](*args, **meta)
 
 
 def _forward_online(x, out, cfg, device, arch):
@@ -192,57 +241,106 @@ def _forward_online(x, out, cfg, device, arch):
     grid = (min(blocks, cfg["PROGRAMS_PER_SM"] * _sm_count(device, arch)),)
     softmax_online_kernel[grid](x, out, m, n, x.stride(0), x.stride(1), out.stride(0),
                                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                                COL_CONTIG=_col_contig(x), **_launch_options(cfg))
+                                COL_CONTIG=_col_contig(x), STAGES=cfg.get("STAGES", 1),
+                                **_hints(cfg, "KEEP", "LAST", "STORE"), **_launch_options(cfg))
 
 
 def _forward_split(x, out, cfg, device, arch):
     m, n = x.shape
-    if configs.triton_softmax_default(arch, configs.dtype_key(x.dtype)).get("split_single_pass"):
-        if _forward_split_sync(x, out, device, arch):
-            return
+    if cfg.get("SINGLE_PASS") and _forward_split_sync(x, out, device, arch):
+        return
     splits, chunk = _split_plan(m, n, cfg, device, arch)
     grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
     # Unwritten state slots would be read by the merge: every (row, split) program writes its own.
     m_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
     l_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
     common = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], COL_CONTIG=_col_contig(x),
-                  **_launch_options(cfg))
+                  STAGES=cfg.get("STAGES", 1), **_launch_options(cfg))
     softmax_split_state_kernel[grid](x, m_parts, l_parts, m, n, x.stride(0), x.stride(1), chunk,
-                                     splits, **common)
+                                     splits, **_hints(cfg, "KEEP"), **common)
     softmax_split_normalize_kernel[grid](x, out, m_parts, l_parts, m, n, x.stride(0), x.stride(1),
                                          out.stride(0), chunk, splits,
-                                         BLOCK_S=triton.next_power_of_2(splits), **common)
+                                         BLOCK_S=triton.next_power_of_2(splits),
+                                         **_hints(cfg, "LAST", "STORE"), **common)
 
 
-_COOPERATIVE_TOO_LARGE: set = set()  # (meta, device) whose cooperative launch was refused
+_COOPERATIVE_TOO_LARGE: set = set()  # (meta, dtype, device) whose cooperative launch was refused
+_SYNC_FAILURES: dict = {}  # device -> int32 counter of timed-out waits (softmax_split_sync.py)
+
+
+def _sync_failure_counter(device: torch.device) -> torch.Tensor:
+    if device not in _SYNC_FAILURES:
+        _SYNC_FAILURES[device] = torch.zeros((1,), dtype=torch.int32, device=device)
+    return _SYNC_FAILURES[device]
+
+
+def split_sync_failures(device: torch.device | str) -> int:
+    """How many row waits of the single-pass split timed out on `device` since the process started
+    (their rows were written as NaN). Nonzero means the co-residency invariant broke: a bug to
+    report. Synchronizes with the device; the tests and the tuning sweep check it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counter = _SYNC_FAILURES.get(device)
+    return 0 if counter is None else int(counter.item())
+
+
+def _sync_plan(n: int, cfg: dict, resident: int) -> tuple[int, int]:
+    """(S, CHUNK) for the single pass: chunks of T ≥ CHUNK_TILES tiles, T raised until one row's S
+    chunks fit in the `resident` co-resident programs (T = 1: the row is read once)."""
+    block_n = cfg["BLOCK_N"]
+    tiles = triton.cdiv(n, block_n)
+    t = max(cfg.get("CHUNK_TILES", 1), triton.cdiv(tiles, max(resident, 1)))
+    chunk = t * block_n
+    return triton.cdiv(n, chunk), chunk
 
 
 def _forward_split_sync(x, out, device, arch) -> bool:
-    """The single-pass split, if this row fits in co-resident programs; False to fall back."""
+    """The single-pass split, if its programs fit on the device at once; False to fall back."""
     m, n = x.shape
     cfg = _config("split_sync", n, arch, x.dtype, _col_contig(x))
-    splits = triton.cdiv(n, cfg["BLOCK_N"])
-    if splits > 1 and device.type != "cuda":
-        return False  # the interpreter runs programs in turn: a wait for a later one never ends
-    meta = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_S=triton.next_power_of_2(splits),
-                COL_CONTIG=_col_contig(x), **_launch_options(cfg))
+    block_n = cfg["BLOCK_N"]
+    base = dict(BLOCK_N=block_n, COL_CONTIG=_col_contig(x), STAGES=cfg.get("STAGES", 1),
+                **_hints(cfg, "KEEP", "LAST", "STORE"), **_launch_options(cfg))
     if device.type == "cuda":
-        meta["launch_cooperative_grid"] = True
-    key = (tuple(sorted(meta.items())), x.dtype, device)
-    if key in _COOPERATIVE_TOO_LARGE:
+        base["launch_cooperative_grid"] = True
+    fails = _sync_failure_counter(device)
+
+    def meta(splits, chunk):
+        # PREFETCH holds a second register tile: only where the chunk is one tile (T = 1).
+        return dict(base, BLOCK_S=triton.next_power_of_2(splits),
+                    PREFETCH=bool(cfg.get("PREFETCH")) and chunk == block_n)
+
+    def args(m_parts, l_parts, counts, splits, chunk):
+        return (x, out, m_parts, l_parts, counts, fails, m, n, x.stride(0), x.stride(1),
+                out.stride(0), splits, chunk, cfg["MAX_SPIN"])
+
+    def resident(kernel_meta):
+        if device.type != "cuda":
+            return 1  # the interpreter runs programs in turn: a wait for a later one never ends
+        empty = torch.empty((1,), dtype=torch.float32, device=device)
+        per_sm = _programs_per_sm(softmax_split_sync_kernel,
+                                  args(empty, empty, counts_probe, 1, n), kernel_meta, device)
+        return per_sm * _sm_count(device, arch)
+
+    counts_probe = torch.empty((1,), dtype=torch.int32, device=device)
+    # Plan with the occupancy of the T = CHUNK_TILES kernel, then take the occupancy of the kernel
+    # the plan launches (a longer chunk drops PREFETCH, more splits widen BLOCK_S).
+    chunk0 = cfg.get("CHUNK_TILES", 1) * block_n
+    probe = meta(min(triton.cdiv(n, chunk0), 1024), chunk0)
+    splits, chunk = _sync_plan(n, cfg, resident(probe))
+    final = meta(splits, chunk)
+    fit = resident(final)  # cached when final == probe
+    groups = min(m, fit // splits)
+    key = (tuple(sorted(final.items())), x.dtype, device)
+    if groups == 0 or key in _COOPERATIVE_TOO_LARGE:
         return False
     m_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
     l_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
     counts = torch.zeros((m,), dtype=torch.int32, device=device)
-    args = (x, out, m_parts, l_parts, counts, m, n, x.stride(0), x.stride(1), out.stride(0), splits,
-            cfg["MAX_SPIN"])
-    resident = (_programs_per_sm(softmax_split_sync_kernel, args, meta, device)
-                * _sm_count(device, arch))
-    groups = min(m, resident // splits)
-    if groups == 0:
-        return False
     try:
-        softmax_split_sync_kernel[(groups * splits,)](*args, **meta)
+        softmax_split_sync_kernel[(groups * splits,)](*args(m_parts, l_parts, counts, splits, chunk),
+                                                      **final)
     except RuntimeError as e:  # the driver refused the cooperative grid: our occupancy was optimistic
         if "COOPERATIVE" not in str(e).upper():
             raise
@@ -271,7 +369,9 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> Non
         if variant == "backward_split":
             splits, chunk = _split_plan(m, n, cfg, device, arch)
             grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
-            dots = torch.empty((m, splits), dtype=torch.float32, device=device)
+            # float32 inputs sum y·dy in float64 (softmax_backward.py says why).
+            dots = torch.empty((m, splits), device=device,
+                               dtype=torch.float64 if y.dtype == torch.float32 else torch.float32)
             common = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **contig,
                           **_launch_options(cfg))
             softmax_backward_dot_kernel[grid](y, dy, dots, m, n, *strides, chunk, splits, **common)

@@ -4,10 +4,13 @@
 temporaries); `softmax_backward_split_kernel` adds a row's S partial sums and writes its chunk of
 dx = y·(dy − Σ y·dy), its programs and tiles in the reverse order of the first kernel's so the data
 read last is re-read first from L2. Chunking and program numbering are the split forward's.
+float32 inputs add the per-thread partial sums in float64 into a float64 buffer (softmax_backward.py
+says why).
 """
 import triton
 import triton.language as tl
 
+from .softmax_backward import _dx
 from .softmax_io import load_tile, row_base, store_tile
 from .softmax_split import _chunk
 
@@ -29,13 +32,15 @@ def softmax_backward_dot_kernel(y_ptr, dy_ptr, dot_ptr, M, N, stride_ym, stride_
         cols = start + t * BLOCK_N + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-        acc += y * dy
+        acc = tl.math.fma(y, dy, acc)
     if tail < stop:  # only the row's last chunk, where stop == N
         cols = tail + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
-        acc += y * dy
-    tl.store(dot_ptr + rows.to(tl.int64) * S + s, tl.sum(acc, axis=1), mask=row_mask)
+        acc = tl.math.fma(y, dy, acc)
+    # The buffer's type is the accumulation type (float64 for float32 data): the sum converts.
+    tl.store(dot_ptr + rows.to(tl.int64) * S + s,
+             tl.sum(acc.to(dot_ptr.dtype.element_ty), axis=1), mask=row_mask)
 
 
 @triton.jit
@@ -50,6 +55,7 @@ def softmax_backward_split_kernel(y_ptr, dy_ptr, dx_ptr, dot_ptr, M, N, stride_y
     partial = tl.load(dot_ptr + rows.to(tl.int64)[:, None] * S + parts[None, :],
                       mask=row_mask[:, None] & (parts < S)[None, :], other=0.0)
     dot = tl.sum(partial, axis=1)
+    ACC = tl.float64 if y_ptr.dtype.element_ty == tl.float32 else tl.float32
 
     y_base = row_base(y_ptr, rows, stride_ym)
     dy_base = row_base(dy_ptr, rows, stride_dym)
@@ -61,9 +67,9 @@ def softmax_backward_split_kernel(y_ptr, dy_ptr, dx_ptr, dot_ptr, M, N, stride_y
         cols = tail + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
-        store_tile(dx_base, cols, row_mask, N, y * (dy - dot[:, None]), True)
+        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), True)
     for t in tl.range(0, num_full):
         cols = start + (num_full - 1 - t) * BLOCK_N + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-        store_tile(dx_base, cols, row_mask, N, y * (dy - dot[:, None]), False)
+        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), False)

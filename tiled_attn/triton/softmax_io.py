@@ -9,6 +9,11 @@ into 16-byte packs. Strided columns (a transposed view) widen to int64: col·str
 `MASK_N` drops the column mask on full tiles: a mask whose constancy Triton cannot prove (N not a
 multiple of 16) would break the 16-byte packs for the whole row, so kernels walk full tiles unmasked
 and only the tail tile masked.
+
+Cache hints are constexpr strings ("" = none) that the wrapper derives from a config's EVICT switch
+(softmax.py:_hints): `EVICT` is a load's L2 eviction priority ("evict_last" for data a later pass
+re-reads, "evict_first" for a last use), `CACHE` a store's cache operator (".cs": streaming; the
+output is not read back, so its lines leave L2 first and keep the input that a second pass re-reads).
 """
 import triton
 import triton.language as tl
@@ -19,6 +24,9 @@ from . import online
 # A @triton.jit function may read a global only if it is a tl.constexpr (online.LOG2E is a plain
 # float, which the interpreter accepts but the compiler rejects).
 LOG2E = tl.constexpr(online.LOG2E)
+# The "no hint" default of the cache-hint parameters: a plain "" default reaches tl.load unwrapped
+# and fails to compile; a constexpr one does not.
+_NONE = tl.constexpr("")
 
 
 @triton.jit
@@ -46,14 +54,17 @@ def tile_mask(row_mask, cols, N, MASK_N: tl.constexpr):
 
 @triton.jit
 def load_tile(base, cols, stride_n, row_mask, N, other, COL_CONTIG: tl.constexpr,
-              MASK_N: tl.constexpr):
+              MASK_N: tl.constexpr, EVICT: tl.constexpr = _NONE):
     """Load a tile as float32 (accumulation type); masked-out entries read `other`."""
     ptrs = tile_ptrs(base, cols, stride_n, COL_CONTIG)
-    return tl.load(ptrs, mask=tile_mask(row_mask, cols, N, MASK_N), other=other).to(tl.float32)
+    return tl.load(ptrs, mask=tile_mask(row_mask, cols, N, MASK_N), other=other,
+                   eviction_policy=EVICT).to(tl.float32)
 
 
 @triton.jit
-def store_tile(base, cols, row_mask, N, value, MASK_N: tl.constexpr):
+def store_tile(base, cols, row_mask, N, value, MASK_N: tl.constexpr, CACHE: tl.constexpr = _NONE):
     """Store into a row-major output (unit column stride), rounding to the output's dtype."""
     ptrs = base[:, None] + cols[None, :]
-    tl.store(ptrs, value.to(base.dtype.element_ty), mask=tile_mask(row_mask, cols, N, MASK_N))
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=tile_mask(row_mask, cols, N, MASK_N),
+             cache_modifier=CACHE)
+

@@ -8,6 +8,10 @@ tile (read last) is normalized straight from registers. The grid is persistent a
 132 SMs × 1 program × a 512 KB fp32 row that is 66 MB against the H100's 50 MB, so most, not all,
 of the re-read hits L2. Traffic: 2 reads (the second mostly from L2) + 1 write. Wins for many long
 rows; few huge rows leave SMs idle, which the split kernel fixes.
+With one program per SM nothing else on the SM hides a tile's load latency, so STAGES > 1 pipelines
+both tile loops (cp.async into shared memory, STAGES − 1 tiles ahead: see softmax_row.py). Cache
+hints (KEEP on the first pass, LAST on the re-read, STORE on the output) keep the row in L2 for the
+re-read rather than the output.
 """
 import triton
 import triton.language as tl
@@ -18,7 +22,9 @@ from .softmax_io import LOG2E, load_tile, row_base, store_tile
 
 @triton.jit
 def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
+                          STAGES: tl.constexpr = 1, KEEP: tl.constexpr = "",
+                          LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     offs = tl.arange(0, BLOCK_N)
@@ -32,18 +38,19 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
 
         m, l = identity(BLOCK_M)
         # Full tiles unmasked along the columns (keeps the 16-byte packs), the tail masked.
-        for t in tl.range(0, num_full):
+        for t in tl.range(0, num_full, num_stages=STAGES):
             x = load_tile(x_base, t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
-                          COL_CONTIG, False)
+                          COL_CONTIG, False, KEEP)
             m, l, _, _ = update(m, l, x, LOG2E)
         if tail < N:
             cols = tail + offs
-            x = load_tile(x_base, cols, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True)
+            x = load_tile(x_base, cols, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True,
+                          LAST)
             m, l, _, _ = update(m, l, x, LOG2E)
             # The state is final after the last tile: write it from registers, no re-read.
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True, STORE)
 
-        for t in tl.range(0, num_full):
+        for t in tl.range(0, num_full, num_stages=STAGES):
             cols = (num_full - 1 - t) * BLOCK_N + offs
-            x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False)
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False)
+            x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False, STORE)

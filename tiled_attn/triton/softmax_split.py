@@ -9,6 +9,8 @@ reverse, so the data read last by the first kernel (still in L2) is re-read firs
 (the second partly from L2) + 1 write, spread over S·M programs.
 
 Programs are numbered on a 1-D grid, lin = block·S + s (a 2-D grid caps its y dim at 65535).
+STAGES > 1 pipelines the tile loops (cp.async, see softmax_row.py); KEEP / LAST / STORE are the
+cache hints of the first read, the re-read and the output (softmax_io.py).
 """
 import triton
 import triton.language as tl
@@ -30,7 +32,8 @@ def _chunk(lin, S, M, N, CHUNK, BLOCK_M: tl.constexpr):
 @triton.jit
 def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, CHUNK, S,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               COL_CONTIG: tl.constexpr):
+                               COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
+                               KEEP: tl.constexpr = ""):
     s, rows, row_mask, start, stop = _chunk(tl.program_id(0), S, M, N, CHUNK, BLOCK_M)
     x_base = row_base(x_ptr, rows, stride_xm)
     offs = tl.arange(0, BLOCK_N)
@@ -38,12 +41,13 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
     tail = start + num_full * BLOCK_N
 
     m, l = identity(BLOCK_M)
-    for t in tl.range(0, num_full):
+    for t in tl.range(0, num_full, num_stages=STAGES):
         x = load_tile(x_base, start + t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
-                      COL_CONTIG, False)
+                      COL_CONTIG, False, KEEP)
         m, l, _, _ = update(m, l, x, LOG2E)
     if tail < stop:  # only the row's last chunk: stop == N there, so `cols < N` masks it
-        x = load_tile(x_base, tail + offs, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True)
+        x = load_tile(x_base, tail + offs, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True,
+                      KEEP)
         m, l, _, _ = update(m, l, x, LOG2E)
 
     state = rows.to(tl.int64) * S + s
@@ -55,7 +59,8 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
 def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn,
                                    stride_ym, CHUNK, S, BLOCK_M: tl.constexpr,
                                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-                                   COL_CONTIG: tl.constexpr):
+                                   COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
+                                   LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
     lin = tl.num_programs(0) - 1 - tl.program_id(0)
     s, rows, row_mask, start, stop = _chunk(lin, S, M, N, CHUNK, BLOCK_M)
 
@@ -73,9 +78,9 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
     tail = start + num_full * BLOCK_N
     if tail < stop:
         cols = tail + offs
-        x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, True)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True)
-    for t in tl.range(0, num_full):
+        x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, True, LAST)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True, STORE)
+    for t in tl.range(0, num_full, num_stages=STAGES):
         cols = start + (num_full - 1 - t) * BLOCK_N + offs
-        x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False)
+        x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False, STORE)

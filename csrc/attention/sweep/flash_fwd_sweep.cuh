@@ -1,0 +1,81 @@
+// flash_fwd_sweep.cuh: the kernel configurations benchmarks/sweep_cuda_attention.py times on the GPU
+// against each other and against torch's FlashAttention-2, one row each: head dim, Cfg (tile shape,
+// warps, stages, flags: flash_fwd.cuh), and what the row is expected to gain and why (the
+// prediction the measurement then confirms or refutes). bf16 only in the sweep build; the CPU
+// emulator (tests/emulation/flash_fwd_emulator.cpp) runs every row in both dtypes, and
+// .ci/compile_csrc.sh compiles every row (no spills allowed).
+//
+// To adopt a row as a default: copy its Cfg into TileConfig<D> (or TileConfig<D, true> for causal
+// launches) in flash_fwd.cuh and the same fields into configs.CUDA_ATTENTION.
+#pragma once
+
+#include "../flash_fwd.cuh"
+
+namespace tiled_attn {
+namespace flash_fwd {
+
+struct SweepVariant {
+  int head_dim, block_m, block_n, warps, stages;
+  unsigned flags;
+  int min_blocks;
+  const char* why;
+};
+
+namespace sweep_flags {
+using namespace flag;
+constexpr unsigned kFL = kFold | kLean;  // the two instruction-count cuts, on together in most rows
+}  // namespace sweep_flags
+
+// One row per line, each starting with `{<head dim>,` (benchmarks/sweep_cuda_attention.py counts
+// them to know how many objects to build before the library that reports kNumSweep exists).
+// clang-format off
+constexpr SweepVariant kSweep[] = {
+#define F sweep_flags::
+    // ---- D = 64 (ours 0.93-0.95x FA2 before the sweep; 255 registers: 2 CTAs/SM) ----
+    {64, 128, 64, 4, 2, F kQRegs, 1, "reference: the default before the sweep"},
+    {64, 128, 64, 4, 2, F kQRegs | F kFold, 1, "+1-2%: one FMUL per score fewer (64 of ~800 instructions per tile)"},
+    {64, 128, 64, 4, 2, F kQRegs | F kFL, 1, "+4-7%: and ~60 integer address instructions fewer per tile (~15% of the loop's instructions with the FMULs), most between a barrier and the first mma"},
+    {64, 128, 64, 4, 2, F kQRegs | F kFL | F kLazy, 1, "+1-3% over kFL at N >= 2048: the accumulator rescale (64 FMUL/tile) skipped once the row max settles"},
+    {64, 128, 64, 4, 3, F kQRegs | F kFL | F kJoint, 1, "+0-3% over kFL: one barrier per tile instead of two, two tiles in flight"},
+    {64, 128, 32, 4, 3, F kFL | F kJoint, 3, "3 CTAs/SM (164 registers; 12 warps instead of 8) against twice the per-key tile overhead and Q re-read from smem: +/-5%"},
+    {64, 256, 64, 8, 2, F kQRegs | F kFL | F kSkew, 1, "+5-15% if phase-aligned warp pairs idle the tensor pipe today: one group's softmax under the other's mma"},
+    {64, 256, 64, 8, 3, F kQRegs | F kFL | F kSkew | F kLazy, 1, "kSkew with two tiles in flight and the lazy rescale"},
+    // ---- D = 128 (ours 0.96-0.97x FA2; 255 registers: 2 CTAs/SM) ----
+    {128, 128, 64, 4, 2, 0, 1, "reference: the default before the sweep"},
+    {128, 128, 64, 4, 2, F kFold, 1, "+1-2%: one FMUL per score fewer (64 of ~1130 instructions per tile)"},
+    {128, 128, 64, 4, 2, F kFL, 1, "+4-6%: and ~100 integer address instructions fewer per tile (~90 -> 42 per K or V tile; -14% instructions with the FMULs)"},
+    {128, 128, 64, 4, 2, F kFL | F kLazy, 1, "+1-3% over kFL at N >= 2048: 128 FMUL/tile skipped once the row max settles"},
+    {128, 128, 64, 4, 2, F kFL | F kJoint, 1, "+0-3% over kFL: one barrier per tile, one tile in flight (FA2 leaves ~1.5 tiles of latency slack)"},
+    {128, 128, 64, 4, 2, F kFL | F kJoint | F kLazy, 1, "kJoint and kLazy together (FA2's own 1-stage schedule spills 4-24 B here)"},
+    {128, 256, 32, 8, 2, F kFL | F kSkew, 1, "+5-15%: ping-pong of warp pairs (kBlockN = 64 spills 8 B under kSkew); 1 CTA/SM of 8 warps, half the L2->smem traffic per flop"},
+    {128, 256, 32, 8, 3, F kFL | F kSkew | F kLazy, 1, "kSkew with two tiles in flight and the lazy rescale"},
+    // ---- D = 256 (ours 0.91-0.98x FA2; 16 rows per warp: bound by shared-memory bandwidth) ----
+    {256, 64, 64, 4, 1, 0, 1, "reference: the default before the sweep (FA2's H100 row)"},
+    {256, 64, 64, 4, 1, F kFL, 1, "+5-10%: the copy address math is largest here (16 rows per thread per K or V tile: ~400 -> ~120 integer instructions per tile of ~1400); capped by the smem bandwidth bound (~10% above today)"},
+    {256, 64, 64, 4, 1, F kFL | F kLazy, 1, "+1-3% over kFL at N >= 2048: 128 FMUL/tile skipped once the row max settles"},
+    {256, 64, 32, 4, 2, F kQRegs | F kFL | F kJoint, 1, "+5-10%: Q in registers cuts smem reads by ~11% (16 of 144 ldmatrix per warp-tile); 2 CTAs/SM"},
+    {256, 64, 32, 4, 2, F kFL | F kJoint, 1, "kJoint at 64x32 without Q in registers (isolates the Q-register gain)"},
+    {256, 128, 64, 8, 1, F kFL, 1, "FA2's A100 row: 1 CTA/SM of 8 warps, half the cp.async smem writes per flop: +/-5%"},
+    {256, 128, 32, 8, 2, F kFL | F kSkew, 1, "ping-pong at D = 256: 1 CTA/SM, 8 warps of 16 rows"},
+#undef F
+};
+// clang-format on
+constexpr int kNumSweep = sizeof(kSweep) / sizeof(kSweep[0]);
+
+template <int I>
+using SweepCfg =
+    Cfg<kSweep[I].block_m, kSweep[I].block_n, kSweep[I].warps, kSweep[I].stages, kSweep[I].flags, kSweep[I].min_blocks>;
+template <int I>
+using SweepTraits = Traits<kSweep[I].head_dim, SweepCfg<I>>;
+
+// The registry of the sweep build: sweep/flash_fwd_sweep.cu registers each variant it instantiates
+// (all of them, or the one the build names), sweep/flash_fwd_sweep_entry.cu looks them up.
+using SweepFn = cudaError_t (*)(const Params&, int, cudaStream_t);
+SweepFn* sweep_registry();  // kNumSweep entries, null until registered
+inline bool register_sweep(int i, SweepFn fn) {
+  sweep_registry()[i] = fn;
+  return true;
+}
+
+}  // namespace flash_fwd
+}  // namespace tiled_attn
