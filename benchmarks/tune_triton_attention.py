@@ -145,9 +145,9 @@ def candidates(key) -> list[dict]:
     return fwd_candidates(key[3])
 
 
-def fwd_keys(arch: str, quick: bool):
+def fwd_keys(arch: str, quick: bool, head_dims=None):
     """[(table key, [shape dicts])]: a key per (D class, causal, size class)."""
-    ds = (64, 128) if quick else (64, 128, 256)
+    ds = head_dims or ((64, 128) if quick else (64, 128, 256))
     out = []
     for d in ds:
         for causal in (False, True):
@@ -350,6 +350,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="D=64/128 at N=8192 and B=1 decode only")
     ap.add_argument("--only", choices=("fwd", "decode"), help="sweep one kernel only")
     ap.add_argument("--flex", action="store_true", help="measure FlexAttention on each forward shape")
+    ap.add_argument("--head-dims", type=int, nargs="*", choices=(64, 128, 256),
+                    help="forward: sweep these head dims only (a run cut short resumes where it stopped)")
     args = ap.parse_args()
 
     assert torch.cuda.is_available(), "the sweep needs a CUDA device"
@@ -359,7 +361,7 @@ def main():
           f"triton {__import__('triton').__version__}", flush=True)
     plan = []
     if args.only in (None, "fwd"):
-        plan += fwd_keys(arch, args.quick)
+        plan += fwd_keys(arch, args.quick, args.head_dims)
     if args.only in (None, "decode"):
         plan += decode_keys(arch, args.quick)
     saved = dict(configs.TRITON_ATTENTION)

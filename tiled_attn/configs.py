@@ -408,29 +408,31 @@ TRITON_ATTENTION: dict = _Table({
     # sm90 rows: measured on the H100 by benchmarks/tune_triton_attention.py (2026-11-22, bf16;
     # the winner per key by geometric-mean time over the benchmark grid's shapes, each candidate
     # first checked against SDPA). fp16 takes the bf16 rows: same tensor-core rate and tile sizes.
-    # That sweep predates the FMA/LATE_L/ADDR switches and the per-row merge kernel: re-run it.
-    ("fwd", "sm90", "bf16", "d64", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
-    ("fwd", "sm90", "bf16", "d64", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    # Re-run 2026-11-22 with the FMA/LATE_L/ADDR switches (second session, first GPU call): new
+    # winners for d64, d128 (every key) and d256 non-causal short, 1.05-1.77x FlexAttention's and
+    # 1.21-1.77x FA2's TFLOP/s at the grid's points; the other d256 rows and decode: first sweep.
+    ("fwd", "sm90", "bf16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
     ("fwd", "sm90", "bf16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "bf16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "bf16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("decode", "sm90", "bf16", "d128", "*", "*"): dict(_SM90_DECODE),
-    ("fwd", "sm90", "fp16", "d64", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
-    ("fwd", "sm90", "fp16", "d64", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ("fwd", "sm90", "fp16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
     ("fwd", "sm90", "fp16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "fp16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     ("fwd", "sm90", "fp16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
@@ -470,9 +472,9 @@ TRITON_ATTENTION: dict = _Table({
 # smem_bytes = (block_m + (2·stages + skew)·block_n)·(D+8)·2.
 CUDA_ATTENTION: dict = {
     ("fwd", "any", "*", 32): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs",), "min_blocks": 1},
-    ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs",), "min_blocks": 1},
+    ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs", "fold", "lean"), "min_blocks": 1},
     ("fwd", "any", "*", 96): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": (), "min_blocks": 1},
-    ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": (), "min_blocks": 1},
+    ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("fold", "lean"), "min_blocks": 1},
     ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "flags": (), "min_blocks": 1},
     ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "flags": (), "min_blocks": 1},
 }

@@ -102,11 +102,11 @@ struct TileConfig : TileConfig<kHeadDim, false> {};
 template <>
 struct TileConfig<32> { using type = Cfg<128, 64, 4, 2, flag::kQRegs>; };
 template <>
-struct TileConfig<64> { using type = Cfg<128, 64, 4, 2, flag::kQRegs>; };
+struct TileConfig<64> { using type = Cfg<128, 64, 4, 2, flag::kQRegs | flag::kFold | flag::kLean>; };
 template <>
 struct TileConfig<96> { using type = Cfg<128, 64, 4, 2, 0>; };
 template <>
-struct TileConfig<128> { using type = Cfg<128, 64, 4, 2, 0>; };
+struct TileConfig<128> { using type = Cfg<128, 64, 4, 2, flag::kFold | flag::kLean>; };
 template <>
 struct TileConfig<192> { using type = Cfg<128, 64, 8, 2, 0>; };
 template <>
