@@ -122,6 +122,10 @@ DEFAULT_BACKEND = {
 import bisect  # noqa: E402  (used by this section only)
 
 _INF = float("inf")
+# The two-kernel split's tiles (the "any" rows, and the sm90 rows that turn the single pass on).
+_SPLIT_FP32 = dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1,
+                   PROGRAMS_PER_SM=4, MIN_TILES=4)
+_SPLIT_ANY = dict(_SPLIT_FP32, BLOCK_N=8192)
 TRITON_SOFTMAX: dict = {
     # ---- row: the row is one tile in registers -------------------------------------------------
     ("row", "any", "any", 32): dict(BLOCK_M=128, num_warps=4, num_stages=2),
@@ -139,12 +143,8 @@ TRITON_SOFTMAX: dict = {
     ("online", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=16384, BLOCK_N_STRIDED=2048,
                                          num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
     # ---- split: S programs per row, 16 KB tiles ----------------------------------------------
-    ("split", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048,
-                                         num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4,
-                                         SINGLE_PASS=False),
-    ("split", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
-                                        num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4,
-                                        SINGLE_PASS=False),
+    ("split", "any", "fp32", _INF): dict(_SPLIT_FP32, SINGLE_PASS=False),
+    ("split", "any", "any", _INF): dict(_SPLIT_ANY, SINGLE_PASS=False),
     # ---- split, single pass (softmax_split_sync.py): used where a "split" row sets SINGLE_PASS
     ("split_sync", "any", "any", _INF): dict(BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8,
                                              num_stages=1, maxnreg=80, CHUNK_TILES=1,
@@ -189,6 +189,14 @@ TRITON_SOFTMAX: dict = {
                                                  num_stages=1, PROGRAMS_PER_SM=2, MIN_TILES=1),
     # ---- sm90: measured on the H100 by benchmarks/sweep_triton_softmax.py (paste its --out rows
     # here, with the date and the run's copy bandwidth).
+    # 2026-11-22, copy 2971 GB/s, the sweep's first round (its run was cut before it wrote a file;
+    # figures from its log, /work/notes/gpu/s2call1/sweep_softmax.log): the single pass against the
+    # "any" kernels at the "any" tiles, % of copy: fp32 512x131072 89 vs 59 (online), 64x1048576
+    # 70 vs 51 (split), 8x4194304 70 vs 52, 1x33554432 64 vs 64; bf16 67 vs 58, 55 vs 35, 56 vs 24,
+    # 59 vs 60. So "split" runs the single pass at every length past the row kernel's.
+    # (One line a row: the sweep's --apply replaces sm90 rows line by line.)
+    ("split", "sm90", "fp32", _INF): dict(_SPLIT_FP32, SINGLE_PASS=True),
+    ("split", "sm90", "any", _INF): dict(_SPLIT_ANY, SINGLE_PASS=True),
 }
 
 # The default kernel (kernel=None) per (arch, dtype): "row" while N <= row_max_n (fits in
@@ -402,15 +410,15 @@ class _Table(dict):
 # The kernel-structure fields a row may leave out: the first version's kernel.
 TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr"}
 _DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256, "merge_warps": 4}
-_SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64,
-                "max_q": 8, "waves": 2, "min_split_keys": 1024, "merge_warps": 4}
+_SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 512, "merge_warps": 4}
 TRITON_ATTENTION: dict = _Table({
     # sm90 rows: measured on the H100 by benchmarks/tune_triton_attention.py (2026-11-22, bf16;
     # the winner per key by geometric-mean time over the benchmark grid's shapes, each candidate
     # first checked against SDPA). fp16 takes the bf16 rows: same tensor-core rate and tile sizes.
     # Re-run 2026-11-22 with the FMA/LATE_L/ADDR switches (second session, first GPU call): new
     # winners for d64, d128 (every key) and d256 non-causal short, 1.05-1.77x FlexAttention's and
-    # 1.21-1.77x FA2's TFLOP/s at the grid's points; the other d256 rows and decode: first sweep.
+    # 1.21-1.77x FA2's TFLOP/s at the grid's points; d256 and decode from its second call (d256:
+    # 1.21-1.73x Flex, 1.02-1.78x FA2; decode graph-timed 1.06-1.46x SDPA at B = 1, 0.96x at B = 16).
     ("fwd", "sm90", "bf16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
     ("fwd", "sm90", "bf16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
     ("fwd", "sm90", "bf16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
@@ -419,10 +427,10 @@ TRITON_ATTENTION: dict = _Table({
     ("fwd", "sm90", "bf16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
     ("fwd", "sm90", "bf16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
     ("fwd", "sm90", "bf16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("fwd", "sm90", "bf16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("fwd", "sm90", "bf16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ("fwd", "sm90", "bf16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+    ("fwd", "sm90", "bf16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "bf16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
     ("decode", "sm90", "bf16", "d128", "*", "*"): dict(_SM90_DECODE),
     ("fwd", "sm90", "fp16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
     ("fwd", "sm90", "fp16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
@@ -432,10 +440,10 @@ TRITON_ATTENTION: dict = _Table({
     ("fwd", "sm90", "fp16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
     ("fwd", "sm90", "fp16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
     ("fwd", "sm90", "fp16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("fwd", "sm90", "fp16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    ("fwd", "sm90", "fp16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ("fwd", "sm90", "fp16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+    ("fwd", "sm90", "fp16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
+    ("fwd", "sm90", "fp16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
     ("decode", "sm90", "fp16", "d128", "*", "*"): dict(_SM90_DECODE),
     ("fwd", "any", "*", "d64", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "any", "*", "d128", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
