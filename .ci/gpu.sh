@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build test test_huge sanitize tune sweep_cuda_attn
-#                                 sweep_softmax bench
+#                                 sweep_softmax bench pack
+# `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
+# few files per call (2026-11-22: a bench run's JSON and markdown were left behind, 8 files came).
 # Each stage logs in full under $OUT (or ./gpu-out); a short summary is printed last.
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -40,8 +42,13 @@ for s in "$@"; do
     sweep_softmax) stage sweep_softmax "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_triton_softmax.py \
             --out "$OUT/softmax_sweep" ${SWEEP_ARGS:-} ;;
     bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;
+    pack) ;;  # after the summary, below
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
+if [[ " $* " == *" pack "* ]]; then
+  printf '%s\n' "${summary[@]}" >"$OUT/summary.txt"
+  tmp=$(mktemp -d) && tar -czf "$tmp/gpu-out.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$tmp/gpu-out.tgz" "$OUT/"
+fi

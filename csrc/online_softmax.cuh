@@ -218,20 +218,19 @@ __device__ __forceinline__ OnlineState warp_allreduce(OnlineState s) {
   return {m, static_cast<float>(l)};
 }
 
-// All-reduce across a block of kThreads (a multiple of 32, at most 1024): warps reduce, lane 0 of each
-// parks its state in shared memory, then every warp reduces the parked states. Lanes past the warp
-// count hold the identity (m = -inf, l = 0), never 0: a 0 max is wrong for an all-negative row.
-// `smem` must hold kThreads / 32 states. The trailing barrier lets the caller reuse `smem` at once.
-template <int kThreads>
-__device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineState* smem) {
-  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block of whole warps");
-  constexpr int kWarps = kThreads / kWarpSize;
+// All-reduce across a block of whole warps (num_warps = blockDim.x / 32, at most 32): warps reduce,
+// lane 0 of each parks its state in shared memory, then every warp reduces the parked states. Lanes
+// past the warp count hold the identity (m = -inf, l = 0), never 0: a 0 max is wrong for an
+// all-negative row. `smem` holds num_warps states; the trailing barrier lets the caller reuse it at
+// once. The softmax ladder passes a block size from its launch-config table (tiled_attn/configs.py)
+// at run time; the kThreads overloads below fix it at compile time (the branch folds away).
+__device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineState* smem, int num_warps) {
   s = warp_allreduce(s);
-  if constexpr (kWarps == 1) return s;
+  if (num_warps == 1) return s;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   if (lane == 0) smem[warp] = s;
   __syncthreads();
-  s = lane < kWarps ? smem[lane] : OnlineState::identity();
+  s = lane < num_warps ? smem[lane] : OnlineState::identity();
   s = warp_allreduce(s);
   __syncthreads();
   return s;
@@ -239,20 +238,31 @@ __device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineStat
 
 // The same for a plain max or sum (the baseline kernels that reduce the two separately).
 // `identity` is -inf for max and 0 for sum.
-template <int kThreads, typename Op>
-__device__ __forceinline__ float block_allreduce(float v, float* smem, float identity, Op op) {
-  constexpr int kWarps = kThreads / kWarpSize;
+template <typename Op>
+__device__ __forceinline__ float block_allreduce(float v, float* smem, int num_warps, float identity, Op op) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if constexpr (kWarps == 1) return v;
+  if (num_warps == 1) return v;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   if (lane == 0) smem[warp] = v;
   __syncthreads();
-  v = lane < kWarps ? smem[lane] : identity;
+  v = lane < num_warps ? smem[lane] : identity;
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   __syncthreads();
   return v;
+}
+
+template <int kThreads>
+__device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineState* smem) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block of whole warps");
+  return block_allreduce(s, smem, kThreads / kWarpSize);
+}
+
+template <int kThreads, typename Op>
+__device__ __forceinline__ float block_allreduce(float v, float* smem, float identity, Op op) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block of whole warps");
+  return block_allreduce(v, smem, kThreads / kWarpSize, identity, op);
 }
 
 struct MaxOp {
@@ -319,36 +329,6 @@ struct AttnRowState {
   }
 };
 
-// ---------------------------------------------------------------------------------------------
-// The same two all-reduces for a block size known only at run time (blockDim.x, whole warps): the
-// softmax ladder takes its block size from the launch-config table (tiled_attn/configs.py) instead of
-// instantiating one kernel per size. `num_warps` = blockDim.x / 32; `smem` holds 32 entries.
-__device__ __forceinline__ OnlineState block_allreduce(OnlineState s, OnlineState* smem, int num_warps) {
-  s = warp_allreduce(s);
-  if (num_warps == 1) return s;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) smem[warp] = s;
-  __syncthreads();
-  s = lane < num_warps ? smem[lane] : OnlineState::identity();
-  s = warp_allreduce(s);
-  __syncthreads();
-  return s;
-}
-
-template <typename Op>
-__device__ __forceinline__ float block_allreduce(float v, float* smem, int num_warps, float identity, Op op) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if (num_warps == 1) return v;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < num_warps ? smem[lane] : identity;
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();
-  return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // A running state whose sum carries a compensation term, for a thread that folds very many pieces

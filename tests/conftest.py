@@ -12,6 +12,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+import importlib  # noqa: E402
+
+from helpers import fresh_seed  # noqa: E402
 from tiled_attn import _checks  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None,
@@ -25,6 +28,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def _poison_outputs(monkeypatch):
     # Every output a backend fills starts NaN: an unwritten element fails the numerics rule.
     monkeypatch.setattr(_checks, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def seed():
+    # A fresh seed per test; helpers.assert_rule prints it in every failure message.
+    return fresh_seed()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The backend argument of every call that reaches the attention op, in order."""
+    attention_module = importlib.import_module("tiled_attn.attention")  # the name is the function
+    calls, op = [], attention_module._attention_op
+
+    def counting(*args):
+        calls.append(args[-1])
+        return op(*args)
+
+    monkeypatch.setattr(attention_module, "_attention_op", counting)
+    return calls
 
 
 def pytest_runtest_logreport(report):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import tiled_attn as ta
 from tiled_attn import _checks, configs, reference
 from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_rule, backend_available, device_for,
-                     fresh_seed, max_err, randn, skip_reason)
+                     max_err, randn, skip_reason)
 
 # The module (tiled_attn.attention the attribute is the function ta.attention).
 attention_mod = importlib.import_module("tiled_attn.attention")
@@ -45,11 +45,6 @@ HEADS = {"mha": (2, 2), "gqa": (6, 2), "mqa": (4, 1)}  # (Hq, Hkv); G = 1, 3, 4
 CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 GPU_GRID = HAS_CUDA and not INTERPRET
 DT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
 
 
 def _require(backend: str, dtype: torch.dtype = torch.float16, d: int = 64) -> str:

@@ -18,7 +18,7 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 
 import tiled_attn as ta
-from helpers import HAS_CUDA, assert_rule, backend_available, fresh_seed, randn
+from helpers import HAS_CUDA, assert_rule, backend_available, randn
 from tiled_attn.cuda.attention import HEAD_DIMS as CUDA_HEAD_DIMS
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -27,11 +27,6 @@ ATTN = sys.modules["tiled_attn.attention"]
 SOFTMAX = sys.modules["tiled_attn.softmax"]
 OPS = torch.ops.tiled_attn
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import tiled_attn as ta
-from helpers import assert_rule, backend_available, fresh_seed, randn, skip_reason
+from helpers import assert_rule, backend_available, randn, skip_reason
 from tiled_attn import configs
 from tiled_attn import cuda as tcuda
 from tiled_attn.cuda import softmax as csoftmax
@@ -39,11 +39,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (layout, rows): one contiguous row always takes 16-byte packs; a transposed matrix (column
 # stride = rows) takes the scalar path, whose register cache is smaller.
 LAYOUTS = (("contiguous", 1), ("transposed", 2))
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
 
 
 def _make(m: int, n: int, dtype: torch.dtype, layout: str, gen: torch.Generator, scale: float = 3.0):

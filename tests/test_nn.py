@@ -6,35 +6,15 @@ torch's error = the plain implementation in the module's dtype, with torch's SDP
 """
 import copy
 import math
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import tiled_attn as ta
-from helpers import HAS_CUDA, assert_rule, fresh_seed, randn
+from helpers import HAS_CUDA, assert_rule, randn
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-ATTN = sys.modules["tiled_attn.attention"]
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    calls = []
-    op = ATTN._attention_op
-
-    def counting(*args):
-        calls.append(args[-1])
-        return op(*args)
-
-    monkeypatch.setattr(ATTN, "_attention_op", counting)
-    return calls
 
 
 def _rope_complex(x, theta):

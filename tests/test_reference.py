@@ -5,14 +5,9 @@ import pytest
 import torch
 
 from tiled_attn import reference as R
-from helpers import fresh_seed, randn
+from helpers import randn
 
 NEG_INF = float("-inf")
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
 
 
 def _direct_softmax(x, dim):

@@ -12,16 +12,11 @@ import torch.nn.functional as F
 
 import tiled_attn as ta
 from tiled_attn import configs
-from helpers import HAS_CUDA, assert_rule, fresh_seed, randn
+from helpers import HAS_CUDA, assert_rule, randn
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 ATTN = sys.modules["tiled_attn.attention"]  # the module (ta.attention is the function)
 DEFAULT_BACKEND = configs.DEFAULT_BACKEND[("attention", DEVICE)]  # triton on CUDA, torch on CPU
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
 
 
 @pytest.fixture

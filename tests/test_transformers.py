@@ -12,32 +12,13 @@ import pytest
 import torch
 
 import tiled_attn as ta
-from helpers import HAS_CUDA, assert_rule, fresh_seed
+from helpers import HAS_CUDA, assert_rule
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float32
-ATTN = sys.modules["tiled_attn.attention"]
-
-
-@pytest.fixture
-def seed():
-    return fresh_seed()
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    calls = []
-    op = ATTN._attention_op
-
-    def counting(*args):
-        calls.append(args[-1])
-        return op(*args)
-
-    monkeypatch.setattr(ATTN, "_attention_op", counting)
-    return calls
 
 
 def _models(seed):

@@ -411,6 +411,23 @@ class _Table(dict):
 TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr"}
 _DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256, "merge_warps": 4}
 _SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 512, "merge_warps": 4}
+# The sm90 rows by (kernel, D class, causal, size class): bf16 and fp16 take the same row (the
+# same tensor-core rate and tile sizes). Where they come from: the comment in TRITON_ATTENTION.
+_SM90_ROWS = {
+    ("fwd", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+    ("fwd", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
+    ("decode", "d128", "*", "*"): dict(_SM90_DECODE),
+}
 TRITON_ATTENTION: dict = _Table({
     # sm90 rows: measured on the H100 by benchmarks/tune_triton_attention.py (2026-11-22, bf16;
     # the winner per key by geometric-mean time over the benchmark grid's shapes, each candidate
@@ -419,32 +436,7 @@ TRITON_ATTENTION: dict = _Table({
     # winners for d64, d128 (every key) and d256 non-causal short, 1.05-1.77x FlexAttention's and
     # 1.21-1.77x FA2's TFLOP/s at the grid's points; d256 and decode from its second call (d256:
     # 1.21-1.73x Flex, 1.02-1.78x FA2; decode graph-timed 1.06-1.46x SDPA at B = 1, 0.96x at B = 16).
-    ("fwd", "sm90", "bf16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "bf16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "bf16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
-    ("decode", "sm90", "bf16", "d128", "*", "*"): dict(_SM90_DECODE),
-    ("fwd", "sm90", "fp16", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    ("fwd", "sm90", "fp16", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
-    ("fwd", "sm90", "fp16", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
-    ("decode", "sm90", "fp16", "d128", "*", "*"): dict(_SM90_DECODE),
+    **{(k[0], "sm90", dtype) + k[1:]: dict(row) for k, row in _SM90_ROWS.items() for dtype in ("bf16", "fp16")},
     ("fwd", "any", "*", "d64", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("fwd", "any", "*", "d128", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
     ("fwd", "any", "*", "d256", "*", "*"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
