@@ -205,7 +205,7 @@ __device__ __forceinline__ float warp_allreduce_sum(float v) {
   return v;
 }
 
-// All-reduce of the state across kWidth consecutive lanes (a warp, or the 8/16-lane groups of
+// All-reduce of the state across kWidth consecutive lanes (a warp, or the 4/8/16-lane groups of
 // warp_row's short rows): the max first, then each lane's l rescaled once to it (exactly 1 on the
 // lane that holds the max) and summed in double, rounded to float once. A merge butterfly would
 // rescale a partial at every level its max moved, and round the sum at every level.

@@ -1,7 +1,7 @@
 // backward.cu — the fused softmax backward, dx = y·(dy − Σ_row dy·y), the backend default for
 // backward. One dot product per row, then an elementwise pass: three transfers (y, dy in; dx out)
 // is the floor, reached by the first variant, which the launcher picks by row length:
-//   rows <= 1024 columns: a warp (or an 8/16-lane group) per row, y and dy cached in registers;
+//   rows <= 1024 columns: a warp (or a 4/8/16-lane group) per row, y and dy cached in registers;
 //   rows <= chunk:        a block per row, the dot then the write, the re-read served by L1/L2;
 //   longer rows:          split over blocks (split_row's shape): partial dots to scratch, then each
 //                         block sums its row's partials and writes its chunk.
@@ -130,6 +130,7 @@ cudaError_t backward(const BackwardArgs& a, const LaunchConfig& cfg, void* works
       if (a.cols <= kWarpMaxCols) {
         const int threads = block_threads(cfg.threads, kWarpMaxThreads);
         if constexpr (kVec > 1) {
+          if (packs <= 4) return launch_warp<T, kVec, 1, 4>(a, threads, stream);  // see warp_row.cu
           if (packs <= 8) return launch_warp<T, kVec, 1, 8>(a, threads, stream);
           if (packs <= 16) return launch_warp<T, kVec, 1, 16>(a, threads, stream);
         }

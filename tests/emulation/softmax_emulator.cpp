@@ -704,7 +704,7 @@ int main(int argc, char** argv) {
   const Layout layouts[] = {Layout::contiguous, Layout::transposed, Layout::offset, Layout::padded};
   // Multiples of the 16-byte pack (8, 64, 1000, 1024, 4096: packed path, 8/16-lane groups for the
   // short ones) and not (odd N: scalar path); around the warp_row register limit (1024) and past it.
-  const int64_t ns[] = {1, 3, 8, 33, 64, 257, 1000, 1024, 1025, 2049, 4096, 4097};
+  const int64_t ns[] = {1, 3, 8, 32, 33, 64, 257, 1000, 1024, 1025, 2049, 4096, 4097};
   Tally t;
 
   for (Dt d : dtypes) {
