@@ -97,23 +97,8 @@ sm::ForwardArgs forward_args(const torch::Tensor& x, const torch::Tensor& out) {
   return a;
 }
 
-struct ForwardKernel {
-  const char* name;
-  sm::ForwardLauncher launch;
-};
-
-// The names ta.softmax(..., backend="cuda", kernel=NAME) takes (tiled_attn/cuda SOFTMAX_KERNELS).
-constexpr ForwardKernel kForwardKernels[] = {
-    {"naive", sm::forward_naive},
-    {"online_thread", sm::forward_online_thread},
-    {"block_smem_tree", sm::forward_block_smem_tree},
-    {"block_shuffle", sm::forward_block_shuffle},
-    {"warp_row", sm::forward_warp_row},
-    {"block_row_reg", sm::forward_block_row_reg},
-    {"block_row_smem", sm::forward_block_row_smem},
-    {"tile2d", sm::forward_tile2d},
-    {"split_row", sm::forward_split_row},
-};
+using sm::ForwardKernel;
+using sm::kForwardKernels;
 
 const ForwardKernel& find_kernel(const std::string& name) {
   std::string known;

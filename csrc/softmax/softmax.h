@@ -71,6 +71,24 @@ cudaError_t forward_block_row_smem(const ForwardArgs&, const LaunchConfig&, void
 cudaError_t forward_tile2d(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
 cudaError_t forward_split_row(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
 
+// The ladder by name, slowest rung first: the names ta.softmax(..., backend="cuda", kernel=NAME)
+// takes (tiled_attn/cuda/softmax.py SOFTMAX_KERNELS), for the bindings and the CPU emulator alike.
+struct ForwardKernel {
+  const char* name;
+  ForwardLauncher launch;
+};
+inline constexpr ForwardKernel kForwardKernels[] = {
+    {"naive", forward_naive},
+    {"online_thread", forward_online_thread},
+    {"block_smem_tree", forward_block_smem_tree},
+    {"block_shuffle", forward_block_shuffle},
+    {"warp_row", forward_warp_row},
+    {"block_row_reg", forward_block_row_reg},
+    {"block_row_smem", forward_block_row_smem},
+    {"tile2d", forward_tile2d},
+    {"split_row", forward_split_row},
+};
+
 // Bytes of device scratch split_row needs (one (m, l) state per block of each row), 0 for others.
 int64_t forward_split_row_workspace_bytes(const ForwardArgs&, const LaunchConfig&);
 

@@ -583,21 +583,7 @@ struct Tally {
   }
 };
 
-struct Kernel {
-  const char* name;
-  sm::ForwardLauncher fn;
-};
-const Kernel kKernels[] = {
-    {"naive", sm::forward_naive},
-    {"online_thread", sm::forward_online_thread},
-    {"block_smem_tree", sm::forward_block_smem_tree},
-    {"block_shuffle", sm::forward_block_shuffle},
-    {"warp_row", sm::forward_warp_row},
-    {"block_row_reg", sm::forward_block_row_reg},
-    {"block_row_smem", sm::forward_block_row_smem},
-    {"tile2d", sm::forward_tile2d},
-    {"split_row", sm::forward_split_row},
-};
+using Kernel = sm::ForwardKernel;
 
 // -1: any length.
 int64_t max_cols(const std::string& k, const sm::ForwardArgs& a, const sm::LaunchConfig& cfg) {
@@ -630,7 +616,7 @@ void run_forward(Tally& t, const Kernel& k, const Device& dev, Dt d, int64_t m, 
     ws_mem.assign(sm::forward_split_row_workspace_bytes(a, cfg) + 16, 0);
     ws = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws_mem.data()) + 15) / 16 * 16);
   }
-  const cudaError_t err = k.fn(a, cfg, ws, nullptr);
+  const cudaError_t err = k.launch(a, cfg, ws, nullptr);
   if (limit >= 0 && n > limit) {  // the bindings raise ValueError before launching; the launcher refuses
     t.add(std::string("forward/") + k.name, what, err == cudaErrorInvalidValue ? "rejected" : "launched a row past its limit");
     return;
@@ -711,7 +697,7 @@ int main(int argc, char** argv) {
     for (int64_t n : ns) {
       const int64_t m = n <= 257 ? 5 : 3;
       for (Layout layout : layouts) {
-        for (const Kernel& k : kKernels) {
+        for (const Kernel& k : sm::kForwardKernels) {
           sm::LaunchConfig cfg;
           cfg.threads = 128;
           cfg.chunk = 96;  // split_row: several chunks even at these sizes, a partial last one
@@ -747,7 +733,7 @@ int main(int argc, char** argv) {
     }
     // Many short rows: grid-stride loops, spare row groups in a warp (8- and 16-lane groups).
     for (int64_t n : {3, 8, 17, 40, 64, 100}) {
-      for (const Kernel& k : kKernels) {
+      for (const Kernel& k : sm::kForwardKernels) {
         sm::LaunchConfig cfg;
         cfg.threads = 64;
         cfg.chunk = 32;
@@ -761,7 +747,7 @@ int main(int argc, char** argv) {
   }
 
   // One long row (tests/test_softmax.py's big_row): one thread, warp or block adds ~2^20 terms.
-  for (const Kernel& k : kKernels) {
+  for (const Kernel& k : sm::kForwardKernels) {
     sm::LaunchConfig cfg;
     cfg.threads = 512;
     cfg.chunk = 32768;
