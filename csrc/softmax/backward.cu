@@ -102,16 +102,6 @@ cudaError_t launch_warp(const BackwardArgs& a, int threads, cudaStream_t stream)
 
 constexpr int64_t kWarpMaxCols = int64_t(kWarpSize) * kWarpMaxColsPerThread;
 
-int64_t chunk_of(const BackwardArgs& a, const LaunchConfig& cfg) {
-  int64_t chunk = 0;
-  dispatch_dtype(a.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    chunk = cfg.chunk > 0 ? ceil_div(cfg.chunk, kPackOf<T>) * kPackOf<T> : 0;
-    return cudaSuccess;
-  });
-  return chunk;
-}
-
 }  // namespace
 
 int64_t backward_workspace_bytes(const BackwardArgs& a, const LaunchConfig& cfg) {

@@ -352,6 +352,20 @@ inline bool backward_packable(const BackwardArgs& a, int elem_bytes) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Columns per block of a row split over blocks (split_row, the split backward): the configured
+// chunk rounded up to whole 16-byte packs, so no pack straddles two blocks. 0 when the config has
+// no chunk. Args: ForwardArgs or BackwardArgs.
+template <typename Args>
+int64_t chunk_of(const Args& a, const LaunchConfig& cfg) {
+  int64_t chunk = 0;
+  dispatch_dtype(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    chunk = cfg.chunk > 0 ? ceil_div(cfg.chunk, kPackOf<T>) * kPackOf<T> : 0;
+    return cudaSuccess;
+  });
+  return chunk;
+}
+
 // gridDim.x is at most 2^31 − 1; every kernel loops grid-stride over its work, so capping is safe.
 inline unsigned grid_of(int64_t blocks) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > INT_MAX ? INT_MAX : blocks));

@@ -64,18 +64,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Columns per block: the configured chunk rounded up to whole 16-byte packs, so no pack straddles
-// two blocks. 0 when the config has no chunk.
-int64_t chunk_of(const ForwardArgs& a, const LaunchConfig& cfg) {
-  int64_t chunk = 0;
-  dispatch_dtype(a.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    chunk = cfg.chunk > 0 ? ceil_div(cfg.chunk, kPackOf<T>) * kPackOf<T> : 0;
-    return cudaSuccess;
-  });
-  return chunk;
-}
-
 }  // namespace
 
 int64_t forward_split_row_workspace_bytes(const ForwardArgs& a, const LaunchConfig& cfg) {
