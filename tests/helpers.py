@@ -83,3 +83,49 @@ def assert_rule(ours: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, 
     tol = 2 * e_torch + torch.finfo(dtype).eps
     assert e_ours <= tol, (f"{tag} error {e_ours:.3e} exceeds 2×torch's {e_torch:.3e} + eps "
                            f"({tol:.3e}) for {dtype}")
+
+
+# -- offline sm_90a builds (CPU CI: what only the compiler rejects, and register spills) -----------
+def sm90a_build_problem(label: str, kernel, signature: dict, consts: dict, attrs: dict, options: dict) -> str:
+    """Compile one @triton.jit kernel for sm_90a (no GPU needed) and run Triton's ptxas -v on it:
+    "" when it builds with no register spills and at most 227 KB of shared memory (the sm90 opt-in
+    limit), else what is wrong. Only without TRITON_INTERPRET (it replaces @triton.jit)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    try:
+        compiled = triton.compile(ASTSource(kernel, signature, consts, attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=options)
+    except Exception as e:  # noqa: BLE001 -- the caller reports every failing build, not just the first
+        return f"{label}: {type(e).__name__}: {str(e)[-1500:]}"
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                            capture_output=True, text=True).stderr
+    os.unlink(f.name)
+    spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", report))
+    regs = re.findall(r"Used (\d+) registers", report)
+    print(f"{label}: {regs} regs, {compiled.metadata.shared} B smem, spill stores {spills}", flush=True)
+    if spills:
+        return f"{label}: {spills} bytes of register spills ({options})"
+    if compiled.metadata.shared > 227 * 1024:
+        return f"{label}: {compiled.metadata.shared} bytes of shared memory (> 227 KB)"
+    return ""
+
+
+def assert_none_without_interpreter(module: str, call: str, timeout: int) -> None:
+    """Run `module.call` (a list of problems) in a child process without TRITON_INTERPRET, from
+    tests/, and assert it returns none (its output is the failure message)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (f"import sys; sys.path[:0] = ['.', '..']; import {module} as t; "
+            f"p = t.{call}; print('\\n'.join(p)); sys.exit(1 if p else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 import tiled_attn as ta
 from tiled_attn import _checks, configs, reference
-from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_rule, backend_available, device_for,
-                     max_err, randn, skip_reason)
+from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
+                     backend_available, device_for, max_err, randn, skip_reason, sm90a_build_problem)
 
 # The module (tiled_attn.attention the attribute is the function ta.attention).
 attention_mod = importlib.import_module("tiled_attn.attention")
@@ -638,13 +638,6 @@ def _compile_attention_for_sm90a(which: str = "shipped", jobs: int = 2) -> list[
 
 
 def _compile_one(which: str, index: int) -> str:
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     label, kern, dt, const, opts = _sm90_attention_builds(which)[index]
     signature, attrs, consts = {}, {}, dict(const)
     for i, name in enumerate(kern.arg_names):
@@ -668,35 +661,11 @@ def _compile_one(which: str, index: int) -> str:
             signature[name] = "i32"
             if name.startswith("stride"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    try:
-        compiled = triton.compile(ASTSource(kern, signature, consts, attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=opts)
-    except Exception as e:  # noqa: BLE001 -- report every failing build, not just the first
-        return f"{label}: {type(e).__name__}: {str(e)[-1500:]}"
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(compiled.asm["ptx"])
-    report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                            capture_output=True, text=True).stderr
-    os.unlink(f.name)
-    spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", report))
-    regs = re.findall(r"Used (\d+) registers", report)
-    print(f"{label}: {regs} regs, {compiled.metadata.shared} B smem, spill stores {spills}", flush=True)
-    if spills:
-        return f"{label}: {spills} bytes of register spills ({opts})"
-    if compiled.metadata.shared > 227 * 1024:
-        return f"{label}: {compiled.metadata.shared} bytes of shared memory (> 227 KB)"
-    return ""
+    return sm90a_build_problem(label, kern, signature, consts, attrs, opts)
 
 
 def _compile_in_subprocess(which: str) -> None:
-    import subprocess
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import sys; sys.path[:0] = ['.', '..']; import test_attention as t; "
-            f"p = t._compile_attention_for_sm90a({which!r}); print('\\n'.join(p)); sys.exit(1 if p else 0)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-                          capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+    assert_none_without_interpreter("test_attention", f"_compile_attention_for_sm90a({which!r})", 3000)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU run compiles and runs every kernel itself")

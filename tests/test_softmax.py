@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tiled_attn as ta
-from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_rule, backend_available, device_for,
-                     fresh_seed, randn, skip_reason)
+from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
+                     backend_available, device_for, fresh_seed, randn, skip_reason, sm90a_build_problem)
 from tiled_attn import _checks, configs, reference
 
 # The interpreter evaluates masked-out lanes too (rows past M: 0/0; those values are never stored),
@@ -603,16 +603,6 @@ def _sm90_builds():
 def _compile_for_sm90a() -> list[str]:
     """Compile _sm90_builds() with Triton for sm_90a and run ptxas -v on each; returns problems.
     Must run without TRITON_INTERPRET (the interpreter replaces @triton.jit)."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     problems = []
     for label, kernel, consts, data, options in _sm90_builds():
         signature, attrs = {}, {}
@@ -626,35 +616,15 @@ def _compile_for_sm90a() -> list[str]:
             else:
                 signature[name] = "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]  # aligned pointers, sizes and strides
-        try:
-            compiled = triton.compile(ASTSource(kernel, signature, consts, attrs),
-                                      target=GPUTarget("cuda", 90, 32), options=options)
-        except Exception as e:  # noqa: BLE001 -- report every failing kernel, not just the first
-            problems.append(f"{label}: {type(e).__name__}: {str(e)[-1500:]}")
-            continue
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(compiled.asm["ptx"])
-        report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
-                                capture_output=True, text=True).stderr
-        os.unlink(f.name)
-        spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", report))
-        print(label, re.findall(r"Used \d+ registers", report), f"spill stores {spills}")
-        if spills:
-            problems.append(f"{label}: {spills} bytes of register spills ({options})")
+        problem = sm90a_build_problem(label, kernel, signature, consts, attrs, options)
+        if problem:
+            problems.append(problem)
     return problems
 
 
 def test_triton_kernels_compile_for_sm90a():
     """Every kernel at its H100 configs compiles for sm_90a and does not spill (CPU CI: catches what
     only the compiler rejects, e.g. a non-constexpr global read inside @triton.jit)."""
-    import os
-    import subprocess
-    import sys
     if HAS_CUDA:
         pytest.skip("the GPU run compiles and runs every kernel itself")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import sys; sys.path[:0] = ['.', '..']; import test_softmax as t; "
-            "p = t._compile_for_sm90a(); print('\\n'.join(p)); sys.exit(1 if p else 0)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+    assert_none_without_interpreter("test_softmax", "_compile_for_sm90a()", 900)
