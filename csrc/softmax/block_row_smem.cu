@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kMaxThreads) block_row_smem_kernel(ForwardArgs
     const auto out = output_row<T, kVec>(a.y, row, a.y_row_stride);
     for (int64_t c = begin + int64_t(threadIdx.x) * kVec; c < end; c += step) {
       float v[kVec];
-      unpack(cache[(c - begin) / kVec], end - c, 0.f, v);
+      unpack(load_pack<T, kVec>(cache[(c - begin) / kVec].v), end - c, 0.f, v);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) v[j] = s.normalize<kAccurate<T>>(v[j], inv_l);
       out.store(c, end, v);

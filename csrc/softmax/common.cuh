@@ -15,6 +15,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -89,6 +90,40 @@ struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
+// A 16-byte pack moves as one uint4 (LDG.128 / LDS.128 / STG.128). Copied as a struct of 16-bit
+// class-type elements, nvcc 13 lost the pack's alignment and stored 16 bytes as four STG.U16x2 or
+// eight STG.U16 (PTX of split_row, block_row_smem's cluster path, the split backward: no
+// st.global.v4 at all, in fp32 four st.global.f32), and a bf16 row ran at the element rate of
+// fp32's (26-36% of copy, half of fp32's %). A uint4 store built from the pack was split the same
+// way, so a global pack store is the one instruction itself (__stwb: st.global.wb.v4.u32, the
+// default write-back policy). Scalar packs (kVec == 1) copy as they are.
+template <typename T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack(const T* src) {
+  Pack<T, kVec> pk;
+  if constexpr (sizeof(pk) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    memcpy(&pk, &u, 16);
+  } else {
+    pk = *reinterpret_cast<const Pack<T, kVec>*>(src);
+  }
+  return pk;
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_global_pack(T* dst, const Pack<T, kVec>& pk) {
+  if constexpr (sizeof(pk) == 16) {
+    uint4 u;
+    memcpy(&u, &pk, 16);
+#ifdef TILED_ATTN_EMULATION
+    *reinterpret_cast<uint4*>(dst) = u;
+#else
+    __stwb(reinterpret_cast<uint4*>(dst), u);
+#endif
+  } else {
+    *reinterpret_cast<Pack<T, kVec>*>(dst) = pk;
+  }
+}
+
 // One input row: element c is p[c · stride] (stride is 1 whenever kVec > 1).
 template <typename T, int kVec>
 struct RowIn {
@@ -101,7 +136,7 @@ struct RowIn {
   __device__ __forceinline__ Pack<T, kVec> load_raw(int64_t col, int64_t end) const {
     Pack<T, kVec> pk;
     if (kVec > 1 && col + kVec <= end) {
-      pk = *reinterpret_cast<const Pack<T, kVec>*>(p + col);
+      pk = load_pack<T, kVec>(p + col);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) pk.v[j] = col + j < end ? p[(col + j) * stride] : T{};
@@ -112,7 +147,7 @@ struct RowIn {
   // The pack at `col` as floats; elements at or past `end` read as `fill` (the reduction's identity).
   __device__ __forceinline__ void load(int64_t col, int64_t end, float fill, float* v) const {
     if (kVec > 1 && col + kVec <= end) {
-      const Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(p + col);
+      const Pack<T, kVec> pk = load_pack<T, kVec>(p + col);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) v[j] = to_float(pk.v[j]);
     } else {
@@ -139,7 +174,7 @@ struct RowOut {
       Pack<T, kVec> pk;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) pk.v[j] = from_float<T>(v[j]);
-      *reinterpret_cast<Pack<T, kVec>*>(p + col) = pk;
+      store_global_pack<T, kVec>(p + col, pk);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
