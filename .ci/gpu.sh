@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build test test_huge sanitize tune sweep_cuda_attn
-#                                 sweep_softmax bench pack
+#                                 sweep_cuda_softmax sweep_softmax bench pack
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
 # few files per call (2026-11-22: a bench run's JSON and markdown were left behind, 8 files came).
 # Each stage logs in full under $OUT (or ./gpu-out); a short summary is printed last.
@@ -39,6 +39,8 @@ for s in "$@"; do
     tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
     sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \
             --out "$OUT/cuda_attn_sweep" --build-dir "$PWD/build/cuda_attn_sweep" ${SWEEP_ARGS:-} ;;
+    sweep_cuda_softmax) stage sweep_cuda_softmax "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_softmax.py \
+            --out "$OUT/cuda_softmax_sweep" ${SWEEP_CUDA_ARGS:-} ;;
     sweep_softmax) stage sweep_softmax "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_triton_softmax.py \
             --out "$OUT/softmax_sweep" ${SWEEP_ARGS:-} ;;
     bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;

@@ -195,6 +195,56 @@ TRITON_SOFTMAX: dict = {
     # 70 vs 51 (split), 8x4194304 70 vs 52, 1x33554432 64 vs 64; bf16 67 vs 58, 55 vs 35, 56 vs 24,
     # 59 vs 60. So "split" runs the single pass at every length past the row kernel's.
     # (One line a row: the sweep's --apply replaces sm90 rows line by line.)
+    # ---- sweep_triton_softmax.py --apply (begin): 2026-11-22, NVIDIA H100 80GB HBM3, copy 2970 GB/s.
+    # A row is here where it beat the "any" row by >= 3% on the ladder shape of
+    # its size class (the single pass: the default kernel); "= any" rows keep the
+    # smaller classes on the "any" launch; fp16 takes the bf16 rows. See sweep.json.
+    ("row", "sm90", "bf16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 262144x32: 3293 GB/s = 111% of copy, x1.09 vs any
+    ("row", "sm90", "bf16", 128): dict(BLOCK_M=32, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # 65536x128: 3247 GB/s = 109% of copy, x1.13 vs any
+    ("row", "sm90", "bf16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "bf16", 1024): dict(BLOCK_M=4, num_warps=8, num_stages=2, WAVES=0),  # 32768x1024: 2872 GB/s = 97% of copy, x1.12 vs any
+    ("row", "sm90", "bf16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
+    ("row", "sm90", "bf16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2858 GB/s = 96% of copy, x1.09 vs any
+    ("row", "sm90", "bf16", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = any
+    ("row", "sm90", "bf16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # 4096x16384: 2542 GB/s = 86% of copy, x1.10 vs any
+    ("row", "sm90", "fp16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 128): dict(BLOCK_M=32, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = bf16
+    ("row", "sm90", "fp16", 1024): dict(BLOCK_M=4, num_warps=8, num_stages=2, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = bf16
+    ("row", "sm90", "fp16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = bf16
+    ("row", "sm90", "fp16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # = bf16
+    ("row", "sm90", "fp32", 32): dict(BLOCK_M=128, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 128): dict(BLOCK_M=32, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 1024): dict(BLOCK_M=2, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # 32768x1024: 2966 GB/s = 100% of copy, x1.10 vs any
+    ("row", "sm90", "fp32", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 4096): dict(BLOCK_M=1, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2964 GB/s = 100% of copy, x1.08 vs any
+    ("row", "sm90", "fp32", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, WAVES=0),  # 4096x16384: 2625 GB/s = 88% of copy, x1.07 vs any
+    ("online", "sm90", "bf16", 131072): dict(BLOCK_M=1, BLOCK_N=32768, BLOCK_N_STRIDED=2048, num_warps=16, num_stages=1, PROGRAMS_PER_SM=1, EVICT=True),  # 512x131072: 2507 GB/s = 84% of copy, x1.46 vs any
+    ("online", "sm90", "fp16", 131072): dict(BLOCK_M=1, BLOCK_N=32768, BLOCK_N_STRIDED=2048, num_warps=16, num_stages=1, PROGRAMS_PER_SM=1, EVICT=True),  # = bf16
+    # ("online", sm90, fp32, 131072): the sweep's pick (BLOCK_N=16384, 32 warps, 70% vs 57%) spills 8 bytes on a strided row; not the fp32 default there (the single pass is)
+    ("split", "sm90", "bf16", 131072): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, SINGLE_PASS=False),  # = any
+    ("split", "sm90", "bf16", 1048576): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, SINGLE_PASS=True),  # 64x1048576 single pass: 2045 GB/s = 69% of copy, x2.03 vs split on any
+    ("split", "sm90", "bf16", 4194304): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=8, MIN_TILES=4, SINGLE_PASS=True),  # 8x4194304 single pass: 1881 GB/s = 63% of copy, x2.65 vs split on any
+    ("split", "sm90", "bf16", 33554432): dict(BLOCK_M=1, BLOCK_N=16384, BLOCK_N_STRIDED=2048, num_warps=16, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, EVICT=True),  # 1x33554432: 1835 GB/s = 62% of copy, x1.03 vs any
+    ("split", "sm90", "fp16", 131072): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, SINGLE_PASS=False),  # = bf16
+    ("split", "sm90", "fp16", 1048576): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, SINGLE_PASS=True),  # = bf16
+    ("split", "sm90", "fp16", 4194304): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=8, MIN_TILES=4, SINGLE_PASS=True),  # = bf16
+    ("split", "sm90", "fp16", 33554432): dict(BLOCK_M=1, BLOCK_N=16384, BLOCK_N_STRIDED=2048, num_warps=16, num_stages=1, PROGRAMS_PER_SM=4, MIN_TILES=4, EVICT=True),  # = bf16
+    ("split", "sm90", "fp32", 131072): dict(_SPLIT_FP32, SINGLE_PASS=True),  # kept: the bench of 2026-11-22 measured this row (split_sync on its "any" row) at 89% of copy; the sweep's pick timed 82%
+    ("split", "sm90", "fp32", 1048576): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=8, MIN_TILES=4, SINGLE_PASS=True),  # 64x1048576 single pass: 2376 GB/s = 80% of copy, x1.59 vs split on any
+    ("split", "sm90", "fp32", 4194304): dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, PROGRAMS_PER_SM=8, MIN_TILES=4, SINGLE_PASS=True),  # 8x4194304 single pass: 2182 GB/s = 73% of copy, x1.42 vs split on any
+    ("split_sync", "sm90", "bf16", 1048576): dict(BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, CHUNK_TILES=2, MAX_SPIN=65536),  # 64x1048576 single pass: 2045 GB/s = 69% of copy, x2.03 vs split on any
+    ("split_sync", "sm90", "bf16", 4194304): dict(BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, CHUNK_TILES=1, MAX_SPIN=65536, PREFETCH=True),  # 8x4194304 single pass: 1881 GB/s = 63% of copy, x2.65 vs split on any
+    ("split_sync", "sm90", "fp16", 1048576): dict(BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, CHUNK_TILES=2, MAX_SPIN=65536),  # = bf16
+    ("split_sync", "sm90", "fp16", 4194304): dict(BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=4, num_stages=1, CHUNK_TILES=1, MAX_SPIN=65536, PREFETCH=True),  # = bf16
+    ("split_sync", "sm90", "fp32", 131072): dict(BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1, maxnreg=80, CHUNK_TILES=1, MAX_SPIN=65536),  # = any (kept with the split row above)
+    ("split_sync", "sm90", "fp32", 1048576): dict(BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1, CHUNK_TILES=1, MAX_SPIN=65536, PREFETCH=True),  # 64x1048576 single pass: 2376 GB/s = 80% of copy, x1.59 vs split on any
+    ("split_sync", "sm90", "fp32", 4194304): dict(BLOCK_N=8192, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1, maxnreg=80, CHUNK_TILES=1, MAX_SPIN=65536, EVICT=True),  # 8x4194304 single pass: 2182 GB/s = 73% of copy, x1.42 vs split on any
+    # ---- sweep_triton_softmax.py --apply (end)
     ("split", "sm90", "fp32", _INF): dict(_SPLIT_FP32, SINGLE_PASS=True),
     ("split", "sm90", "any", _INF): dict(_SPLIT_ANY, SINGLE_PASS=True),
 }
@@ -313,6 +363,17 @@ CUDA_SOFTMAX: dict = {
                                            blocks_per_sm=4),
     ("backward", "any", "any", _CUDA_ANY_N): dict(threads=256, chunk=16384, min_chunk=4096,
                                                   blocks_per_sm=4),
+    # sm90: benchmarks/sweep_cuda_softmax.py on the H100 (2026-11-22, copy 2970 GB/s; after the
+    # 16-byte pack stores), % of copy against the "any" row, where the gain beat the sweep's noise
+    # (~3%: the same config timed twice differed by up to 3.5 points): block_row_reg at 128 threads
+    # (more CTAs an SM) bf16 8192x4096 89 vs 82, 4096x16384 83 vs 80; block_row_smem bf16 with
+    # 256 threads and 32 KB / 112 KB a CTA 4096x16384 88 vs 79, 512x131072 67 vs 61; split_row fp32
+    # in 16K-column chunks of 512 threads 65-67 vs 61-64 at all four long shapes (bf16: no gain).
+    ("block_row_reg", "sm90", "any", _CUDA_ANY_N): dict(threads=128),
+    ("block_row_smem", "sm90", "bf16", 16384): dict(threads=256, cluster=1, cta_bytes=32768),
+    ("block_row_smem", "sm90", "bf16", _CUDA_ANY_N): dict(threads=256, cluster=1, cta_bytes=114688),
+    ("split_row", "sm90", "fp32", _CUDA_ANY_N): dict(threads=512, chunk=16384, min_chunk=4096,
+                                                    blocks_per_sm=4),
 }
 
 

@@ -51,11 +51,21 @@ def identity_state(shape, dtype=torch.float32, device=None) -> OnlineState:
                        torch.zeros(shape, dtype=dtype, device=device))
 
 
+def _sum_exp(x: torch.Tensor, m: torch.Tensor, e: torch.Tensor, dim: int) -> torch.Tensor:
+    """Σ e where e = exp(x − m) and m = max(x): the terms at a finite max, exactly 1 each, are
+    counted and added after the rest. The sum's rounding is then relative to what lies below the
+    max, so the large outputs of a peaked row, which a rounded sum moves most, see almost none of
+    it. (On the H100, float64, a 3000-column row at scale 10: e.sum() left 4 ulps on a 0.91 output
+    where torch.softmax happened to be exact.)"""
+    at_max = (x == m) & torch.isfinite(m)
+    rest = torch.where(at_max, torch.zeros_like(e), e).sum(dim=dim, keepdim=True)
+    return rest + at_max.sum(dim=dim, keepdim=True).to(e.dtype)
+
+
 def tile_state(tile: torch.Tensor, dim: int = -1) -> OnlineState:
     """State of one tile on its own: m = max(t), l = sum(exp(t - m))."""
     m = tile.amax(dim=dim, keepdim=True)
-    l = torch.exp(tile - _finite_or_zero(m)).sum(dim=dim, keepdim=True)
-    return OnlineState(m, l)
+    return OnlineState(m, _sum_exp(tile, m, torch.exp(tile - _finite_or_zero(m)), dim))
 
 
 def update(state: OnlineState, tile: torch.Tensor, dim: int = -1) -> OnlineState:
@@ -90,7 +100,7 @@ def safe_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     xa = x.to(_acc_dtype(x.dtype))
     m = xa.amax(dim=dim, keepdim=True)
     e = torch.exp(xa - m)
-    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)
+    return (e / _sum_exp(xa, m, e, dim)).to(x.dtype)
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
