@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
-#   bash .ci/gpu.sh STAGE...      stages: info build test test_huge sanitize tune sweep_cuda_attn
+#   bash .ci/gpu.sh STAGE...      stages: info build test test2 test_huge sanitize tune sweep_cuda_attn
 #                                 sweep_cuda_softmax sweep_softmax bench pack
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
 # few files per call (2026-11-22: a bench run's JSON and markdown were left behind, 8 files came).
@@ -11,6 +11,9 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # Inside the checkout (build/ is git-ignored), so a warm device machine keeps the built extension
 # from one call to the next.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_ext}
+# Triton's kernel cache there too: the attention tests are compile-bound (~2-5 s a case), and a
+# second call on the warm machine finds what the first compiled.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton_cache}
 export TILED_ATTN_FAILLOG=${TILED_ATTN_FAILLOG:-$OUT/failures.log}
 export TILED_ATTN_TIMELOG=${TILED_ATTN_TIMELOG:-$OUT/durations.log}
 export TILED_ATTN_BENCH_TRACE=${TILED_ATTN_BENCH_TRACE:-1}
@@ -29,8 +32,10 @@ for s in "$@"; do
     build) stage build "${BUILD_TIMEOUT:-200}" python -c "import time; t=time.time(); from tiled_attn.cuda import _build; _build.load(); print('extension built in %.0fs' % (time.time()-t))" ;;
     # Parallel workers for the bulk (Triton compiles are CPU-bound); the >2^31-element cases
     # (~17 GB of GPU memory each) run alone afterwards so workers never contend for memory.
-    test) stage test "${TEST_TIMEOUT:-300}" python -m pytest -v -n "${TEST_WORKERS:-12}" -p no:cacheprovider \
+    test) stage test "${TEST_TIMEOUT:-300}" python -m pytest -v -n "${TEST_WORKERS:-12}" --dist loadgroup -p no:cacheprovider \
             --timeout=150 --durations=25 -rfE --tb=short -m "not huge" ${TEST_ARGS:-} ;;
+    test2) stage test2 "${TEST2_TIMEOUT:-300}" python -m pytest -v -n "${TEST_WORKERS:-12}" --dist loadgroup -p no:cacheprovider \
+            --timeout=150 --durations=25 -rfE --tb=short -m "not huge" ${TEST2_ARGS:-} ;;
     test_huge) stage test_huge "${HUGE_TIMEOUT:-100}" python -m pytest -v -p no:cacheprovider --timeout=90 \
             -rfE --tb=short -m huge ${TEST_ARGS:-} ;;
     sanitize)

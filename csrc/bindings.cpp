@@ -1,8 +1,10 @@
 // bindings.cpp: the only file that includes torch headers (DESIGN §2). It turns tensors into raw
 // pointers, int64 sizes and strides, the launch config into LaunchConfig and the stream (an int:
 // torch.cuda.current_stream().cuda_stream) into a cudaStream_t, calls the launchers of
-// csrc/softmax/ and csrc/attention/, and raises their errors as Python exceptions (RuntimeError for a
-// CUDA error, ValueError/TypeError for operands a kernel cannot take, before anything launches).
+// csrc/softmax/ and csrc/attention/, and returns their errors, never throws them (Checker and
+// to_text below say why): a string "Kind: message" that tiled_attn/cuda/_build.py call() raises as
+// a Python exception (RuntimeError for a CUDA error, ValueError/TypeError for operands a kernel
+// cannot take, before anything launches; "" = success).
 // Only torch/extension.h is used (no ATen/cuda, c10/cuda headers), so this compiles against a CPU
 // torch wheel too; the device guard below is plain CUDA runtime.
 #include <torch/extension.h>
@@ -12,6 +14,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
 
 #include "softmax/softmax.h"
 #if TILED_ATTN_WITH_ATTENTION
@@ -43,72 +47,150 @@ class DeviceGuard {
 
 cudaStream_t as_stream(int64_t stream) { return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream)); }
 
-void check_launch(cudaError_t err, const std::string& what) {
-  TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+// Message text, built without std::ostream. On the H100 machine (torch 2.11+cu130) an extension
+// inserting an integer into a std::ostream dies with SIGSEGV: its CXX (/opt/gcc/bin/g++, g++ 13.3)
+// has only a static libstdc++.a, so the extension carries a private copy of libstdc++'s locale code
+// (its own locale::id numbering) and, formatting a number, takes the wrong facet from the process's
+// locale (built by the shared libstdc++.so.6): std::ostream::_M_insert<long> called
+// codecvt<char16_t>::do_unshift. Strings need no facet and pass. That, not the throw, killed every
+// TORCH_CHECK whose message held a number (threads=33, a row limit, a shape); those without one (an
+// unknown kernel, "got one on cpu") raised fine, and a bare extension built with CXX=/usr/bin/g++
+// formats numbers fine. So numbers, shapes, devices and dtypes become text here, with
+// std::to_string and c10's own functions, never c10::str or <<.
+std::string to_text(const char* s) { return s; }
+std::string to_text(const std::string& s) { return s; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string to_text(T v) {
+  return std::to_string(v);
+}
+std::string to_text(c10::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+std::string to_text(const c10::Device& d) { return d.str(); }
+std::string to_text(c10::ScalarType t) { return c10::toString(t); }
+
+// Errors are returned, never thrown: the H100 runs died with SIGSEGV on this extension's failed
+// TORCH_CHECKs (while building their message, to_text above says why), so each bound function now
+// checks its arguments with a Checker and hands the first failure back as a plain value, no C++
+// exception on the path. The Checker keeps the first failed check as "ValueError: <msg>" /
+// "TypeError: <msg>" / "RuntimeError: <msg>"; the function returns that string ("" = success) and
+// tiled_attn/cuda/_build.py call() raises it in Python. Each check returns false once any check has
+// failed, so callers chain them with && or return at the first false: nothing after a failed check
+// reads the operands (no size(i) past a wrong dim, no data_ptr(), no allocation).
+class Checker {
+ public:
+  template <typename... Args>
+  bool value(bool ok, const Args&... msg) { return check(ok, "ValueError", msg...); }
+  template <typename... Args>
+  bool type(bool ok, const Args&... msg) { return check(ok, "TypeError", msg...); }
+  template <typename... Args>
+  bool runtime(bool ok, const Args&... msg) { return check(ok, "RuntimeError", msg...); }
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+ private:
+  template <typename... Args>
+  bool check(bool ok, const char* kind, const Args&... msg) {
+    if (!error_.empty()) return false;
+    if (!ok) {
+      error_ = std::string(kind) + ": ";
+      (error_.append(to_text(msg)), ...);
+    }
+    return ok;
+  }
+
+  std::string error_;
+};
+
+bool check_launch(Checker& chk, cudaError_t err, const std::string& what) {
+  return chk.runtime(err == cudaSuccess, what, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                     ")");
 }
 
-sm::Dtype softmax_dtype(const torch::Tensor& t, const char* name) {
+// A uint8 scratch tensor on `like`'s device. torch::empty throws when out of memory: caught right
+// here and returned like every other error.
+bool allocate_workspace(Checker& chk, int64_t bytes, const torch::Tensor& like, torch::Tensor* workspace) {
+  if (!chk.ok()) return false;
+  try {
+    *workspace = torch::empty({bytes}, like.options().dtype(torch::kUInt8));
+  } catch (const c10::Error& e) {
+    return chk.runtime(false, "allocating ", bytes, " bytes of workspace failed: ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return chk.runtime(false, "allocating ", bytes, " bytes of workspace failed: ", e.what());
+  }
+  return true;
+}
+
+bool softmax_dtype(Checker& chk, const torch::Tensor& t, const char* name, sm::Dtype* dtype) {
   switch (t.scalar_type()) {
-    case torch::kFloat: return sm::Dtype::kFloat32;
-    case torch::kHalf: return sm::Dtype::kFloat16;
-    case torch::kBFloat16: return sm::Dtype::kBFloat16;
+    case torch::kFloat: *dtype = sm::Dtype::kFloat32; return chk.ok();
+    case torch::kHalf: *dtype = sm::Dtype::kFloat16; return chk.ok();
+    case torch::kBFloat16: *dtype = sm::Dtype::kBFloat16; return chk.ok();
     default: break;
   }
-  TORCH_CHECK_TYPE(false, name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
-  return sm::Dtype::kFloat32;
+  return chk.type(false, name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
 }
 
-void check_matrix(const torch::Tensor& t, const char* name, const torch::Tensor& like, bool row_major) {
-  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK_VALUE(t.dim() == 2, name, " must be 2-D (rows, cols), got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), name, " must have shape ", like.sizes(), ", got ", t.sizes());
-  TORCH_CHECK_VALUE(t.device() == like.device(), name, " must be on ", like.device(), ", got ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
-                   t.scalar_type());
-  TORCH_CHECK_VALUE(!row_major || t.size(1) <= 1 || t.stride(1) == 1, name,
-                    " must be row-major (column stride 1), got strides ", t.strides());
+bool check_matrix(Checker& chk, const torch::Tensor& t, const char* name, const torch::Tensor& like, bool row_major) {
+  return chk.value(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device()) &&
+         chk.value(t.dim() == 2, name, " must be 2-D (rows, cols), got shape ", t.sizes()) &&
+         chk.value(t.sizes() == like.sizes(), name, " must have shape ", like.sizes(), ", got ", t.sizes()) &&
+         chk.value(t.device() == like.device(), name, " must be on ", like.device(), ", got ", t.device()) &&
+         chk.type(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
+                  t.scalar_type()) &&
+         chk.value(!row_major || t.size(1) <= 1 || t.stride(1) == 1, name,
+                   " must be row-major (column stride 1), got strides ", t.strides());
 }
 
-sm::LaunchConfig launch_config(int64_t threads, int64_t cluster, int64_t cta_bytes, int64_t chunk) {
-  TORCH_CHECK_VALUE(threads >= 32 && threads <= sm::kMaxThreads && threads % 32 == 0,
-                    "threads must be a multiple of 32 in [32, ", sm::kMaxThreads, "], got ", threads);
-  TORCH_CHECK_VALUE(cluster >= 1 && cluster <= sm::kMaxCluster, "cluster must be in [1, ", sm::kMaxCluster,
-                    "], got ", cluster);
-  sm::LaunchConfig cfg;
-  cfg.threads = static_cast<int>(threads);
-  cfg.cluster = static_cast<int>(cluster);
-  cfg.cta_bytes = cta_bytes;
-  cfg.chunk = chunk;
-  return cfg;
+bool launch_config(Checker& chk, int64_t threads, int64_t cluster, int64_t cta_bytes, int64_t chunk,
+                   sm::LaunchConfig* cfg) {
+  if (!(chk.value(threads >= 32 && threads <= sm::kMaxThreads && threads % 32 == 0,
+                  "threads must be a multiple of 32 in [32, ", sm::kMaxThreads, "], got ", threads) &&
+        chk.value(cluster >= 1 && cluster <= sm::kMaxCluster, "cluster must be in [1, ", sm::kMaxCluster, "], got ",
+                  cluster))) {
+    return false;
+  }
+  cfg->threads = static_cast<int>(threads);
+  cfg->cluster = static_cast<int>(cluster);
+  cfg->cta_bytes = cta_bytes;
+  cfg->chunk = chunk;
+  return true;
 }
 
-sm::ForwardArgs forward_args(const torch::Tensor& x, const torch::Tensor& out) {
-  check_matrix(x, "x", x, false);
-  check_matrix(out, "out", x, true);
-  sm::ForwardArgs a;
-  a.dtype = softmax_dtype(x, "x");
-  a.x = x.data_ptr();
-  a.x_row_stride = x.stride(0);
-  a.x_col_stride = x.stride(1);
-  a.y = out.data_ptr();
-  a.y_row_stride = out.stride(0);
-  a.rows = x.size(0);
-  a.cols = x.size(1);
-  return a;
+// Checks x and out for a forward launch; fills `a` (data_ptr included) only when all checks passed.
+bool forward_args(Checker& chk, const torch::Tensor& x, const torch::Tensor& out, sm::ForwardArgs* a) {
+  sm::Dtype dtype;
+  if (!(check_matrix(chk, x, "x", x, false) && check_matrix(chk, out, "out", x, true) &&
+        softmax_dtype(chk, x, "x", &dtype))) {
+    return false;
+  }
+  a->dtype = dtype;
+  a->x = x.data_ptr();
+  a->x_row_stride = x.stride(0);
+  a->x_col_stride = x.stride(1);
+  a->y = out.data_ptr();
+  a->y_row_stride = out.stride(0);
+  a->rows = x.size(0);
+  a->cols = x.size(1);
+  return true;
 }
 
 using sm::ForwardKernel;
 using sm::kForwardKernels;
 
-const ForwardKernel& find_kernel(const std::string& name) {
+// The kernel named `name`, or nullptr (and the error) when there is none.
+const ForwardKernel* find_kernel(Checker& chk, const std::string& name) {
   std::string known;
   for (const auto& k : kForwardKernels) {
-    if (name == k.name) return k;
+    if (name == k.name) return &k;
     known += known.empty() ? "" : ", ";
     known += k.name;
   }
-  TORCH_CHECK_VALUE(false, "kernel must be one of ", known, ", got '", name, "'");
-  return kForwardKernels[0];
+  chk.value(false, "kernel must be one of ", known, ", got '", name, "'");
+  return nullptr;
 }
 
 // The longest row the kernel takes for these operands on x's device; -1: any.
@@ -118,39 +200,59 @@ int64_t max_cols(const std::string& kernel, const sm::ForwardArgs& a, const sm::
   return -1;
 }
 
-int64_t softmax_max_cols(const std::string& kernel, const torch::Tensor& x, const torch::Tensor& out,
-                         int64_t threads, int64_t cluster, int64_t cta_bytes, int64_t chunk) {
-  find_kernel(kernel);
-  const sm::ForwardArgs a = forward_args(x, out);
-  return max_cols(kernel, a, launch_config(threads, cluster, cta_bytes, chunk), x.get_device());
+// (limit, error): the limit is meaningful only when error is "".
+std::tuple<int64_t, std::string> softmax_max_cols(const std::string& kernel, const torch::Tensor& x,
+                                                  const torch::Tensor& out, int64_t threads, int64_t cluster,
+                                                  int64_t cta_bytes, int64_t chunk) {
+  Checker chk;
+  sm::ForwardArgs a;
+  sm::LaunchConfig cfg;
+  if (!(find_kernel(chk, kernel) && forward_args(chk, x, out, &a) &&
+        launch_config(chk, threads, cluster, cta_bytes, chunk, &cfg))) {
+    return {0, chk.error()};
+  }
+  return {max_cols(kernel, a, cfg, x.get_device()), ""};
 }
 
-void softmax_fwd(const std::string& kernel, const torch::Tensor& x, torch::Tensor& out, int64_t threads,
-                 int64_t cluster, int64_t cta_bytes, int64_t chunk, int64_t stream) {
-  const ForwardKernel& k = find_kernel(kernel);
-  const sm::ForwardArgs a = forward_args(x, out);
-  const sm::LaunchConfig cfg = launch_config(threads, cluster, cta_bytes, chunk);
-  if (a.rows == 0 || a.cols == 0) return;
+std::string softmax_fwd(const std::string& kernel, const torch::Tensor& x, torch::Tensor& out, int64_t threads,
+                        int64_t cluster, int64_t cta_bytes, int64_t chunk, int64_t stream) {
+  Checker chk;
+  sm::ForwardArgs a;
+  sm::LaunchConfig cfg;
+  const ForwardKernel* k = find_kernel(chk, kernel);
+  if (!(k && forward_args(chk, x, out, &a) && launch_config(chk, threads, cluster, cta_bytes, chunk, &cfg))) {
+    return chk.error();
+  }
+  if (a.rows == 0 || a.cols == 0) return "";
   const int device = x.get_device();
   const DeviceGuard guard(device);
   const int64_t limit = max_cols(kernel, a, cfg, device);
-  TORCH_CHECK_VALUE(limit < 0 || a.cols <= limit, "kernel='", kernel, "' takes rows of at most ", limit,
-                    " columns for this dtype and layout on this device, got ", a.cols,
-                    " (kernel='split_row' or kernel=None take any length)");
+  if (!chk.value(limit < 0 || a.cols <= limit, "kernel='", kernel, "' takes rows of at most ", limit,
+                 " columns for this dtype and layout on this device, got ", a.cols,
+                 " (kernel='split_row' or kernel=None take any length)")) {
+    return chk.error();
+  }
   torch::Tensor workspace;
   const int64_t ws_bytes = kernel == "split_row" ? sm::forward_split_row_workspace_bytes(a, cfg) : 0;
-  if (ws_bytes > 0) workspace = torch::empty({ws_bytes}, x.options().dtype(torch::kUInt8));
-  check_launch(k.launch(a, cfg, ws_bytes > 0 ? workspace.data_ptr() : nullptr, as_stream(stream)),
+  if (ws_bytes > 0 && !allocate_workspace(chk, ws_bytes, x, &workspace)) return chk.error();
+  check_launch(chk, k->launch(a, cfg, ws_bytes > 0 ? workspace.data_ptr() : nullptr, as_stream(stream)),
                "CUDA softmax kernel '" + kernel + "'");
+  return chk.error();
 }
 
-void softmax_bwd(const torch::Tensor& y, const torch::Tensor& dy, torch::Tensor& dx, int64_t threads, int64_t chunk,
-                 int64_t stream) {
-  check_matrix(y, "y", y, false);
-  check_matrix(dy, "dy", y, false);
-  check_matrix(dx, "dx", y, true);
+std::string softmax_bwd(const torch::Tensor& y, const torch::Tensor& dy, torch::Tensor& dx, int64_t threads,
+                        int64_t chunk, int64_t stream) {
+  Checker chk;
+  sm::Dtype dtype;
+  sm::LaunchConfig cfg;
+  if (!(check_matrix(chk, y, "y", y, false) && check_matrix(chk, dy, "dy", y, false) &&
+        check_matrix(chk, dx, "dx", y, true) && softmax_dtype(chk, y, "y", &dtype) &&
+        launch_config(chk, threads, 1, 0, chunk, &cfg))) {
+    return chk.error();
+  }
+  if (y.size(0) == 0 || y.size(1) == 0) return "";
   sm::BackwardArgs a;
-  a.dtype = softmax_dtype(y, "y");
+  a.dtype = dtype;
   a.y = y.data_ptr();
   a.y_row_stride = y.stride(0);
   a.y_col_stride = y.stride(1);
@@ -161,14 +263,13 @@ void softmax_bwd(const torch::Tensor& y, const torch::Tensor& dy, torch::Tensor&
   a.dx_row_stride = dx.stride(0);
   a.rows = y.size(0);
   a.cols = y.size(1);
-  const sm::LaunchConfig cfg = launch_config(threads, 1, 0, chunk);
-  if (a.rows == 0 || a.cols == 0) return;
   const DeviceGuard guard(y.get_device());
   torch::Tensor workspace;
   const int64_t ws_bytes = sm::backward_workspace_bytes(a, cfg);
-  if (ws_bytes > 0) workspace = torch::empty({ws_bytes}, y.options().dtype(torch::kUInt8));
-  check_launch(sm::backward(a, cfg, ws_bytes > 0 ? workspace.data_ptr() : nullptr, as_stream(stream)),
+  if (ws_bytes > 0 && !allocate_workspace(chk, ws_bytes, y, &workspace)) return chk.error();
+  check_launch(chk, sm::backward(a, cfg, ws_bytes > 0 ? workspace.data_ptr() : nullptr, as_stream(stream)),
                "CUDA softmax backward");
+  return chk.error();
 }
 
 // A test hook (tests/test_cuda_softmax.py): throws one kind of C++ exception from this extension's
@@ -184,53 +285,59 @@ void raise_for_test(const std::string& kind) {
 #if TILED_ATTN_WITH_ATTENTION
 tiled_attn::AttnStrides attn_strides(const torch::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-void check_attn_operand(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
-  TORCH_CHECK_VALUE(t.is_cuda() && t.device() == q.device(), name, " must be on ", q.device(), ", got ", t.device());
-  TORCH_CHECK_VALUE(t.dim() == 4, name, " must have 4 dims (B, H, N, D), got shape ", t.sizes());
-  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), name, " must have q's dtype ", q.scalar_type(), ", got ",
-                   t.scalar_type());
-  TORCH_CHECK_VALUE(t.size(3) <= 1 || t.stride(3) == 1, name, " must have a contiguous last dim, got strides ",
-                    t.strides());
+bool check_attn_operand(Checker& chk, const torch::Tensor& t, const char* name, const torch::Tensor& q) {
+  return chk.value(t.is_cuda() && t.device() == q.device(), name, " must be on ", q.device(), ", got ", t.device()) &&
+         chk.value(t.dim() == 4, name, " must have 4 dims (B, H, N, D), got shape ", t.sizes()) &&
+         chk.type(t.scalar_type() == q.scalar_type(), name, " must have q's dtype ", q.scalar_type(), ", got ",
+                  t.scalar_type()) &&
+         chk.value(t.size(3) <= 1 || t.stride(3) == 1, name, " must have a contiguous last dim, got strides ",
+                   t.strides());
 }
 
-void attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
-                   torch::Tensor& lse, double scale, bool causal, int64_t causal_offset, int64_t stream) {
-  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device());
+std::string attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                          torch::Tensor& lse, double scale, bool causal, int64_t causal_offset, int64_t stream) {
+  Checker chk;
+  if (!chk.value(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device())) return chk.error();
   tiled_attn::AttnDtype dtype;
   if (q.scalar_type() == torch::kHalf) {
     dtype = tiled_attn::AttnDtype::kFloat16;
   } else if (q.scalar_type() == torch::kBFloat16) {
     dtype = tiled_attn::AttnDtype::kBFloat16;
   } else {
-    TORCH_CHECK_TYPE(false, "the CUDA attention kernel takes float16 or bfloat16, got ", q.scalar_type());
+    chk.type(false, "the CUDA attention kernel takes float16 or bfloat16, got ", q.scalar_type());
+    return chk.error();
   }
-  check_attn_operand(q, "q", q);
-  check_attn_operand(k, "k", q);
-  check_attn_operand(v, "v", q);
-  check_attn_operand(out, "out", q);
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k and v must have the same shape, got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes());
+  if (!(check_attn_operand(chk, q, "q", q) && check_attn_operand(chk, k, "k", q) &&
+        check_attn_operand(chk, v, "v", q) && check_attn_operand(chk, out, "out", q) &&
+        chk.value(k.sizes() == v.sizes(), "k and v must have the same shape, got ", k.sizes(), " and ", v.sizes()) &&
+        chk.value(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes()))) {
+    return chk.error();
+  }
   const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
   const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
-  TORCH_CHECK_VALUE(k.size(0) == batch && k.size(3) == head_dim, "k must be (", batch, ", Hkv, Nk, ", head_dim,
-                    "), got ", k.sizes());
-  TORCH_CHECK_VALUE(heads_kv > 0 && heads_q % heads_kv == 0, "q's heads (", heads_q,
-                    ") must be a multiple of k/v's heads (", heads_kv, ")");
-  TORCH_CHECK_VALUE(tiled_attn::attention_head_dim_supported(head_dim), "head dim ", head_dim,
-                    " is not instantiated in the CUDA attention kernel");
-  TORCH_CHECK_VALUE(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == torch::kFloat &&
-                        lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q &&
-                        lse.size(2) == seqlen_q && lse.is_contiguous(),
-                    "lse must be a contiguous float32 (B, Hq, Nq) tensor on q's device, got ", lse.sizes(), " ",
-                    lse.scalar_type());
-  if (q.numel() == 0) return;
+  if (!(chk.value(k.size(0) == batch && k.size(3) == head_dim, "k must be (", batch, ", Hkv, Nk, ", head_dim,
+                  "), got ", k.sizes()) &&
+        chk.value(heads_kv > 0 && heads_q % heads_kv == 0, "q's heads (", heads_q,
+                  ") must be a multiple of k/v's heads (", heads_kv, ")") &&
+        chk.value(tiled_attn::attention_head_dim_supported(head_dim), "head dim ", head_dim,
+                  " is not instantiated in the CUDA attention kernel") &&
+        chk.value(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == torch::kFloat &&
+                      lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q &&
+                      lse.size(2) == seqlen_q && lse.is_contiguous(),
+                  "lse must be a contiguous float32 (B, Hq, Nq) tensor on q's device, got ", lse.sizes(), " ",
+                  lse.scalar_type()))) {
+    return chk.error();
+  }
+  if (q.numel() == 0) return "";
   const DeviceGuard guard(q.get_device());
-  check_launch(tiled_attn::attention_fwd(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+  check_launch(chk,
+               tiled_attn::attention_fwd(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                          lse.data_ptr<float>(), batch, heads_q, heads_kv, seqlen_q, seqlen_k,
                                          head_dim, attn_strides(q), attn_strides(k), attn_strides(v),
                                          attn_strides(out), static_cast<float>(scale), causal, causal_offset,
                                          as_stream(stream)),
                "CUDA attention kernel");
+  return chk.error();
 }
 #endif
 
@@ -238,14 +345,15 @@ void attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const torch::
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tiled_attn CUDA kernels (csrc/): the softmax ladder, its fused backward, the attention forward";
-  m.def("softmax_fwd", &softmax_fwd, "softmax of each row of x (2-D, any strides) into row-major out",
+  m.def("softmax_fwd", &softmax_fwd,
+        "softmax of each row of x (2-D, any strides) into row-major out; returns the error ('': none)",
         py::arg("kernel"), py::arg("x"), py::arg("out"), py::arg("threads"), py::arg("cluster"),
         py::arg("cta_bytes"), py::arg("chunk"), py::arg("stream"));
-  m.def("softmax_max_cols", &softmax_max_cols, "longest row a kernel takes for these operands (-1: any)",
-        py::arg("kernel"), py::arg("x"), py::arg("out"), py::arg("threads"), py::arg("cluster"),
-        py::arg("cta_bytes"), py::arg("chunk"));
-  m.def("softmax_bwd", &softmax_bwd, "dx = y * (dy - sum(dy * y)) row by row", py::arg("y"), py::arg("dy"),
-        py::arg("dx"), py::arg("threads"), py::arg("chunk"), py::arg("stream"));
+  m.def("softmax_max_cols", &softmax_max_cols,
+        "(longest row a kernel takes for these operands (-1: any), error ('': none))", py::arg("kernel"),
+        py::arg("x"), py::arg("out"), py::arg("threads"), py::arg("cluster"), py::arg("cta_bytes"), py::arg("chunk"));
+  m.def("softmax_bwd", &softmax_bwd, "dx = y * (dy - sum(dy * y)) row by row; returns the error ('': none)",
+        py::arg("y"), py::arg("dy"), py::arg("dx"), py::arg("threads"), py::arg("chunk"), py::arg("stream"));
   m.def("_raise_for_test", &raise_for_test, "throw a C++ exception of `kind` ('std' or 'c10'): a test hook",
         py::arg("kind"));
   m.def("softmax_kernels", [] {
@@ -254,8 +362,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return names;
   });
 #if TILED_ATTN_WITH_ATTENTION
-  m.def("attention_fwd", &attention_fwd, "fused attention forward into out and lse", py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
+  m.def("attention_fwd", &attention_fwd, "fused attention forward into out and lse; returns the error ('': none)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
         py::arg("causal_offset"), py::arg("stream"));
   m.def("attention_head_dim_supported", &tiled_attn::attention_head_dim_supported, py::arg("head_dim"));
   m.attr("has_attention") = true;

@@ -104,7 +104,7 @@ def limit_of(kernel, x: torch.Tensor) -> int:
     cfg = configs.cuda_softmax_config(kernel, configs.arch(x.device), configs.dtype_key(x.dtype), n)
     args = csoftmax._launch_args(kernel, cfg, m, n, x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    return tcuda.load(x.device).softmax_max_cols(kernel, x, out, *args)
+    return tcuda._build.call(tcuda.load(x.device).softmax_max_cols, kernel, x, out, *args)
 
 
 def check_forward(res: Results, x: torch.Tensor, kernel, seed: int, what: str, group: str):

@@ -3,9 +3,10 @@
 * the rows each on-chip rung takes: the extension's limit per kernel, dtype and layout; a pinned
   kernel runs a row of exactly that many columns and raises ValueError (before any launch, eager
   and under CUDA-graph capture) for one column more; kernel=None takes every length;
-* the extension's own C++ errors reach Python as exceptions. Each probe runs in a child process, so
-  a crash fails one test, with its signal and (when gdb is installed) a native backtrace, instead of
-  killing the pytest worker as block_row_reg's limit check did on the first H100 runs;
+* the extension's errors reach Python as exceptions (returned by the bindings, raised by
+  tiled_attn.cuda._build.call). Each probe runs in a child process, so a crash fails one test, with
+  its signal and (when gdb is installed) a native backtrace, instead of killing the pytest worker as
+  block_row_reg's limit check (then a C++ throw) did on the first H100 runs;
 * the float32 precision of the register-cached rungs over many draws of the case that failed
   (5 × 1000, 4·randn): one draw a run, as tests/test_softmax.py takes it, let a 15-30% failure
   rate through.
@@ -30,6 +31,7 @@ import tiled_attn as ta
 from helpers import assert_rule, backend_available, randn, skip_reason
 from tiled_attn import configs
 from tiled_attn import cuda as tcuda
+from tiled_attn.cuda import _build
 from tiled_attn.cuda import softmax as csoftmax
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not backend_available("cuda"), reason=skip_reason("cuda"))]
@@ -52,8 +54,8 @@ def _limit(kernel: str, x: torch.Tensor) -> int:
     m, n = x.shape
     cfg = configs.cuda_softmax_config(kernel, configs.arch(x.device), configs.dtype_key(x.dtype), n)
     args = csoftmax._launch_args(kernel, cfg, m, n, x.device)
-    return tcuda.load(x.device).softmax_max_cols(kernel, x, torch.empty_like(x, memory_format=torch.contiguous_format),
-                                                 *args)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _build.call(tcuda.load(x.device).softmax_max_cols, kernel, x, out, *args)
 
 
 def _check(x: torch.Tensor, kernel, seed: int, what: str) -> None:
@@ -117,28 +119,36 @@ def test_default_kernel_at_the_rule_boundaries(dtype, seed):
 
 
 # ------------------------------------------------------------------------------------------------
-# C++ errors of the extension reach Python (each probe in its own process)
+# errors of the extension reach Python (each probe in its own process)
 # ------------------------------------------------------------------------------------------------
 _PROBE_SETUP = """\
 import torch, tiled_attn.cuda as c
 ext = c.load()
+call = c._build.call  # every call into the extension goes through it: it raises the returned error
 stream = torch.cuda.current_stream().cuda_stream
 x = torch.zeros((1, 32769), device="cuda")  # one row: 16-byte packs, block_row_reg's limit 32768
 y = torch.empty_like(x)
 """
 # name: (statement, the exception it must raise, a regex of its message)
+_BAD_THREADS = r"threads must be a multiple of 32 in \[32, 1024\], got 33"
 _PROBES = {
+    # controls: thrown by libtorch, and thrown by this extension (the only functions of it that throw)
     "torch_internal": ("torch.zeros(2, device='cuda').view(3)", "RuntimeError", r"shape '\[3\]' is invalid"),
     "std_exception": ("ext._raise_for_test('std')", "RuntimeError",
                       r"tiled_attn test exception \(std::runtime_error\)"),
     "c10_exception": ("ext._raise_for_test('c10')", "ValueError", r"tiled_attn test exception \(c10::ValueError\)"),
-    "unknown_kernel": ("ext.softmax_fwd('no_such_kernel', x, y, 256, 1, 0, 0, stream)", "ValueError",
+    # errors the bindings return
+    "unknown_kernel": ("call(ext.softmax_fwd, 'no_such_kernel', x, y, 256, 1, 0, 0, stream)", "ValueError",
                        r"kernel must be one of .*got 'no_such_kernel'"),
-    "row_past_block_row_reg": ("ext.softmax_fwd('block_row_reg', x, y, 256, 1, 0, 0, stream)", "ValueError",
+    "row_past_block_row_reg": ("call(ext.softmax_fwd, 'block_row_reg', x, y, 256, 1, 0, 0, stream)", "ValueError",
                                r"kernel='block_row_reg' takes rows of at most 32768 columns"),
-    "bad_block_size": ("ext.softmax_fwd('warp_row', x, y, 33, 1, 0, 0, stream)", "ValueError",
-                       r"threads must be a multiple of 32"),
-    "cpu_tensor": ("ext.softmax_max_cols('block_row_reg', x.cpu(), y.cpu(), 256, 1, 0, 0)", "ValueError",
+    "bad_block_size": ("call(ext.softmax_fwd, 'warp_row', x, y, 33, 1, 0, 0, stream)", "ValueError", _BAD_THREADS),
+    "wrong_out_shape": ("call(ext.softmax_fwd, 'warp_row', x, torch.empty((2, 5), device='cuda'), 256, 1, 0, 0, "
+                        "stream)", "ValueError", r"out must have shape \[1, 32769\], got \[2, 5\]"),
+    "bwd_bad_block_size": ("call(ext.softmax_bwd, x, x, y, 33, 0, stream)", "ValueError", _BAD_THREADS),
+    "max_cols_bad_block_size": ("call(ext.softmax_max_cols, 'block_row_reg', x, y, 33, 1, 0, 0)", "ValueError",
+                                _BAD_THREADS),
+    "cpu_tensor": ("call(ext.softmax_max_cols, 'block_row_reg', x.cpu(), y.cpu(), 256, 1, 0, 0)", "ValueError",
                    r"x must be a CUDA tensor"),
 }
 
@@ -167,10 +177,17 @@ def _native_backtrace(code: str, env: dict) -> str:
 
 @pytest.mark.parametrize("probe", list(_PROBES))
 def test_extension_errors_are_python_exceptions(probe):
-    """The extension raises TORCH_CHECK errors as ValueError/RuntimeError, and the process lives on.
-    'torch_internal' is the control (a C++ error thrown inside libtorch, not by this extension);
-    'std_exception' / 'c10_exception' throw from this extension with nothing else on the path, so
-    together they say whether any exception thrown here kills the process or only a c10::Error."""
+    """The extension's errors reach Python as ValueError/TypeError/RuntimeError, and the process
+    lives on. What the H100 (torch 2.11+cu130) showed: an error of this extension killed the process
+    with SIGSEGV whenever its message held a number (threads=33 in softmax_fwd, softmax_bwd and
+    softmax_max_cols; a wrong out shape; block_row_reg's row limit), while the others were raised
+    (an unknown kernel, a CPU tensor, the _raise_for_test hook). Not the throw: formatting an integer
+    into a std::ostream crashes in any extension that machine's CXX (/opt/gcc/bin/g++, a static
+    libstdc++ only) builds, inside c10::str (csrc/bindings.cpp, to_text). The bindings now format
+    their messages without std::ostream and return them ("Kind: message", no throw), and
+    _build.call raises them: these probes go through call. The controls still throw:
+    'torch_internal' (a C++ error thrown inside libtorch, not by this extension) and 'std_exception'
+    / 'c10_exception' (thrown by this extension's _raise_for_test, messages without numbers)."""
     tcuda.load()  # build (or find) the extension here, so the child only loads it
     code = _probe_code(*_PROBES[probe])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

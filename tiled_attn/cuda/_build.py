@@ -3,7 +3,13 @@ csrc/bindings.cpp + csrc/softmax/*.cu + csrc/attention/*.cu, compiled on first u
 device only, then cached (ninja rebuilds only what changed; a new arch gets its own build).
 
 Nothing here runs at import: importing tiled_attn never needs a compiler, and `is_available()` only
-looks for a device and an nvcc. Environment:
+looks for a device and an nvcc.
+
+Every call into the extension goes through `call(fn, *args)`: the bound functions return their
+errors instead of throwing them (csrc/bindings.cpp, Checker and to_text, say why) and `call`
+raises them here.
+
+Environment:
     TILED_ATTN_CSRC         the csrc/ directory (default: next to the package, an editable install)
     TILED_ATTN_BUILD_DIR    where to build (default: torch's extension cache, ~/.cache/torch_extensions)
     TILED_ATTN_VERBOSE_BUILD=1  show the compiler's output
@@ -141,3 +147,35 @@ def load(device: torch.device | int | None = None):
     if device is None:
         device = torch.cuda.current_device()
     return _load(tuple(torch.cuda.get_device_capability(device)))
+
+
+# The exceptions an error string of the extension may name ("Kind: message").
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError}
+
+
+def call(fn, *args):
+    """fn(*args) for a function of the extension, raising the error it returns.
+
+    The bound functions never throw (their TORCH_CHECK errors killed Python with SIGSEGV on the
+    H100: csrc/bindings.cpp, to_text, says why): they return an error string, "" on success or
+    "ValueError: <msg>" / "TypeError: <msg>" / "RuntimeError: <msg>", alone (softmax_fwd,
+    softmax_bwd, attention_fwd: call returns None) or as the last element of a tuple
+    (softmax_max_cols: (limit, error); call returns limit, or the tuple of the values before the
+    error when there are several). That error is raised as the exception it names, with the message
+    after "Kind: " (an unknown kind: RuntimeError with all of it). Any other result (a bool, a list)
+    is returned as is.
+    """
+    result = fn(*args)
+    if isinstance(result, str):
+        error, value = result, None
+    elif isinstance(result, tuple) and result and isinstance(result[-1], str):
+        error, value = result[-1], (result[0] if len(result) == 2 else result[:-1])
+    else:
+        return result
+    if error:
+        kind, sep, message = error.partition(": ")
+        exc = _ERRORS.get(kind) if sep else None
+        if exc is None:
+            raise RuntimeError(error)
+        raise exc(message)
+    return value

@@ -35,6 +35,11 @@ def _extension(device: torch.device):
     return load(device)
 
 
+def _call(fn, *args):
+    from ._build import call  # every call into the extension goes through it (it raises the errors)
+    return call(fn, *args)
+
+
 def require_attention(q: torch.Tensor) -> None:
     """Raise ValueError unless backend='cuda' runs q's head dim and dtype; then build/load the
     extension (RuntimeError if it cannot be built). Called before any launch."""
@@ -46,7 +51,7 @@ def require_attention(q: torch.Tensor) -> None:
     if q.device.type != "cuda":
         raise ValueError(f"backend='cuda' needs CUDA tensors, got q on {q.device}")
     ext = _extension(q.device)
-    if not ext.attention_head_dim_supported(d):
+    if not _call(ext.attention_head_dim_supported, d):
         raise RuntimeError(f"the CUDA extension does not instantiate head dim {d} although "
                            f"tiled_attn/cuda/attention.py lists it: rebuild the extension")
 
@@ -98,7 +103,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     ext = _extension(q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        ext.attention_fwd(q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset), stream)
+        _call(ext.attention_fwd, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset), stream)
     if out_k is not out:
         out.copy_(out_k)
     if lse_k is not lse:

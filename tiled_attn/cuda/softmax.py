@@ -7,7 +7,8 @@ hidden copy); out2d is row-major. A row too long for an on-chip kernel (block_ro
 block_row_smem's shared memory: the extension's softmax_max_cols, which depends on dtype, layout
 and device) raises ValueError here, in Python, before the extension is asked to launch, when that
 kernel was pinned (DESIGN §5); kernel=None hands such rows to split_row. The extension checks the
-same limit again and raises too, but no valid call reaches that check.
+same limit again and returns that error too (raised by _build.call, through which every call into
+the extension goes), but no valid call reaches that check.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def plan(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None, ext=None) -
     cfg = configs.cuda_softmax_config(kernel, arch, dtype, n)
     args = _launch_args(kernel, cfg, m, n, x2d.device)
     on_chip = ext is not None and kernel in ON_CHIP_KERNELS
-    limit = ext.softmax_max_cols(kernel, x2d, out2d, *args) if on_chip else -1
+    limit = _build.call(ext.softmax_max_cols, kernel, x2d, out2d, *args) if on_chip else -1
     if 0 <= limit < n:
         if pinned:
             raise ValueError(f"kernel={kernel!r} takes rows of at most {limit} columns for this dtype "
@@ -81,7 +82,7 @@ def softmax_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None =
         return
     ext = _build.load(x2d.device)
     kernel, args = plan(x2d, out2d, kernel, ext)
-    ext.softmax_fwd(kernel, x2d, out2d, *args, torch.cuda.current_stream(x2d.device).cuda_stream)
+    _build.call(ext.softmax_fwd, kernel, x2d, out2d, *args, torch.cuda.current_stream(x2d.device).cuda_stream)
 
 
 def softmax_backward(y2d: torch.Tensor, dy2d: torch.Tensor, dx2d: torch.Tensor) -> None:
@@ -91,5 +92,5 @@ def softmax_backward(y2d: torch.Tensor, dy2d: torch.Tensor, dx2d: torch.Tensor) 
     m, n = y2d.shape
     cfg = configs.cuda_softmax_config("backward", configs.arch(y2d.device), configs.dtype_key(y2d.dtype), n)
     ext = _build.load(y2d.device)
-    ext.softmax_bwd(y2d, dy2d, dx2d, cfg["threads"], _chunk(cfg, m, n, y2d.device),
-                    torch.cuda.current_stream(y2d.device).cuda_stream)
+    _build.call(ext.softmax_bwd, y2d, dy2d, dx2d, cfg["threads"], _chunk(cfg, m, n, y2d.device),
+                torch.cuda.current_stream(y2d.device).cuda_stream)
