@@ -40,7 +40,12 @@ for s in "$@"; do
             -rfE --tb=short -m huge ${TEST_ARGS:-} ;;
     sanitize)
       stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
-      stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
+      # cuDNN's SDPA kernel (torch's own error, the reference side of the attention checks) reports
+      # shared-memory hazards of its own (71 on 2026-11-22, none in ours): checked kernels are ours.
+      stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
+            --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
+    racecheck) stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
+            --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
     tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
     sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \
             --out "$OUT/cuda_attn_sweep" --build-dir "$PWD/build/cuda_attn_sweep" ${SWEEP_ARGS:-} ;;
