@@ -26,6 +26,12 @@ stage() {  # stage NAME TIMEOUT_S CMD...
   summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)")")
   return 0
 }
+# cuDNN's SDPA kernel (torch's own error, the reference side of the attention checks) reports
+# shared-memory hazards of its own (71 on 2026-11-22, none in ours): checked kernels are ours.
+racecheck() {
+  stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
+    --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
+}
 for s in "$@"; do
   case "$s" in
     info) stage info 60 bash -c 'nvidia-smi; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; nvcc --version | tail -2' ;;
@@ -40,12 +46,8 @@ for s in "$@"; do
             -rfE --tb=short -m huge ${TEST_ARGS:-} ;;
     sanitize)
       stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
-      # cuDNN's SDPA kernel (torch's own error, the reference side of the attention checks) reports
-      # shared-memory hazards of its own (71 on 2026-11-22, none in ours): checked kernels are ours.
-      stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
-            --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
-    racecheck) stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
-            --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
+      racecheck ;;
+    racecheck) racecheck ;;
     tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
     sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \
             --out "$OUT/cuda_attn_sweep" --build-dir "$PWD/build/cuda_attn_sweep" ${SWEEP_ARGS:-} ;;
