@@ -360,6 +360,13 @@ def block_lines(doc: dict, cfg_mod) -> list[str]:
     return lines + [END]
 
 
+LOOSE_ROW = re.compile(r'(?m)^ *(?P<key>\("(row|online|split|split_sync)", "sm90", "\w+", \w+\)).*\n')
+
+
+def _row_keys(lines: list[str]) -> set[str]:
+    return {m["key"] for m in map(LOOSE_ROW.match, (line + "\n" for line in lines)) if m}
+
+
 def _load_configs(path: Path):
     spec = importlib.util.spec_from_file_location("_sweep_target_configs", path)
     mod = importlib.util.module_from_spec(spec)
@@ -376,7 +383,9 @@ def apply(sweep_json: Path, root: Path = ROOT, allow_any_arch: bool = False) -> 
     lines = block_lines(doc, _load_configs(path))
     text = path.read_text()
     text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", "", text, flags=re.S)
-    text = re.sub(r'(?m)^ *\("(row|online|split|split_sync)", "sm90", .*\n', "", text)
+    # A hand-written sm90 row outside the block goes only where the block redefines its key (a dict
+    # literal keeps the last duplicate silently); others (the open-ended _INF rows) stay.
+    text = re.sub(LOOSE_ROW, lambda m: "" if m["key"] in _row_keys(lines) else m[0], text)
     at = text.index(MARKER)
     at = text.index("\n", at) + 1
     while text[at:].startswith("    #"):  # the marker's comment continues

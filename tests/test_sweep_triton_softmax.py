@@ -143,11 +143,22 @@ def test_apply(tmp_path):
     assert "maxnreg" not in get("split_sync", "sm90", "bf16", 1 << 20)
     assert get("split_sync", "sm90", "fp16", 1 << 20)["PREFETCH"]
     assert not get("split", "sm90", "bf16", 1 << 17).get("SINGLE_PASS")  # 1% only: the "any" row
-    assert get("split", "sm90", "bf16", 1 << 22) == any_row("split", "bf16", 1 << 22)
-    # nothing else in the file moved but hand-written sm90 rows, which the sweep's block replaces
+    # nothing else in the file moved: the old block and the hand-written sm90 rows whose keys the
+    # new block redefines go; other hand rows (the open-ended ones) stay and still answer
     block = once[once.index(sw.BEGIN):once.index(sw.END) + len(sw.END) + 1]
-    loose = re.compile(r'(?m)^ *\("(row|online|split|split_sync)", "sm90", .*\n')
-    assert once.replace(block, "") == loose.sub("", before) and "2026-11-23" in block and ">= 3%" in block
+    old_block = re.compile(re.escape(sw.BEGIN) + r".*?" + re.escape(sw.END) + r"\n", re.S)
+    loose = re.compile(r'(?m)^ *(\("(row|online|split|split_sync)", "sm90", "\w+", \w+\)).*\n')
+    redefined = {m[1] for m in loose.finditer(block)}
+    expected = loose.sub(lambda m: "" if m[1] in redefined else m[0], old_block.sub("", before))
+    assert once.replace(block, "") == expected and "2026-11-23" in block and ">= 3%" in block
+    kept = [m[1] for m in loose.finditer(expected)]
+    assert all(k not in redefined for k in kept)
+    # above the block's largest class: the kept hand rows where there are any, else the "any" table
+    (tmp_path / "expected.py").write_text(expected)
+    hand = _load(tmp_path / "expected.py").triton_softmax_config
+    for dt in ("bf16", "fp32"):
+        assert get("split", "sm90", dt, 1 << 22) == hand("split", "sm90", dt, 1 << 22)
+    assert hand("split", "any", "bf16", 1 << 22) == any_row("split", "bf16", 1 << 22)
     # a sweep without winners leaves an empty block; a non-sm90 sweep is refused
     doc.write_text(json.dumps(_doc(records[:1], shapes[:1])))
     sw.apply(doc, tmp_path)
