@@ -125,6 +125,13 @@ DECODE_CANDIDATES = [
     {"FMA": True, "ADDR": "offs"},
     {"FMA": True, "LATE_L": True, "ADDR": "offs"},
     {"merge_warps": 8},
+    # K/V through tensor descriptors (TMA): one copy instruction per tile instead of a
+    # [BLOCK_N, D] pointer tensor (session 4, not yet timed: the decode loop ran at ~88% of copy in
+    # steady state where cuDNN reads at 100-106%).
+    {"ADDR": "tma"},
+    {"ADDR": "tma", "FMA": True},
+    {"ADDR": "tma", "num_stages": 4},
+    {"ADDR": "tma", "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
 ]
 
 

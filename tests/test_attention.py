@@ -500,8 +500,8 @@ VARIANTS = {"fma": dict(FMA=True), "late_l": dict(LATE_L=True), "offs": dict(ADD
                                           (torch.float32, True)], ids=["bf16-causal", "fp16", "fp32-causal"])
 def test_kernel_variants(kernel, variant, dtype, causal, monkeypatch, seed):
     """FMA (raw scores, exp2 argument as one FMA), LATE_L (row sum after P·V), ADDR "offs" (pointers
-    rebuilt per tile) and "tma" (tensor descriptors, forward only; the decode kernel falls back to
-    "offs") on the interpreter's rows, against float64, with a ragged head dim (masked loads)."""
+    rebuilt per tile) and "tma" (tensor descriptors; float32 and the interpreter's bfloat16 fall back
+    to "offs") on the interpreter's rows, against float64, with a ragged head dim (masked loads)."""
     device = _require("triton", dtype)
     for key in (("fwd", "cpu", "*", "*", "*", "*"), ("decode", "cpu", "*", "*", "*", "*")):
         monkeypatch.setitem(configs.TRITON_ATTENTION, key, {**configs.TRITON_ATTENTION[key], **VARIANTS[variant]})
@@ -596,7 +596,7 @@ def _sm90_attention_builds(which: str = "shipped"):
         fp32 = dt == "fp32"
         block_d = max(16, 1 << (d - 1).bit_length())
         addr = row["ADDR"]
-        if addr == "tma" and (fp32 or kernel == "decode"):
+        if addr == "tma" and fp32:
             addr = "offs"
         const = dict(CAUSAL=causal, BLOCK_N=row["BLOCK_N"], HEAD_DIM=d, BLOCK_D=block_d,
                      EVEN_D=block_d == d, PRECISION="ieee" if fp32 else "tf32", UPCAST=False,

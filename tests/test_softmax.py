@@ -20,6 +20,7 @@ import tiled_attn as ta
 from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
                      backend_available, device_for, fresh_seed, randn, skip_reason, sm90a_build_problem)
 from tiled_attn import _checks, configs, reference
+from tiled_attn.triton import online as triton_online  # test_triton_exp_natural's kernel reads it
 
 # The interpreter evaluates masked-out lanes too (rows past M: 0/0; those values are never stored),
 # and converts its (1,)-shaped scalars with int(), which numpy >= 1.25 deprecates.
@@ -321,6 +322,43 @@ def test_triton_tiny_tiles(tiny_tiles, kernel, m, n, seed):
     _check(randn((n, m), torch.bfloat16, device, gen, 3.0).t(), -1, "triton", kernel, seed,
            "tiny tiles, strided")
     _check_grad(x, -1, "triton", kernel, seed, what="tiny tiles")
+
+
+def _exp_natural_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def exp_kernel(d_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        d = tl.load(d_ptr + offs, mask=offs < n)
+        tl.store(y_ptr + offs, triton_online.exp_natural(d), mask=offs < n)
+
+    return exp_kernel
+
+
+def test_triton_exp_natural():
+    """online.exp_natural, the float32 kernels' e^d, within 4 ulp relative of e^d over the whole
+    normal range of results (d from -87 to 0), ~0 absolute below it, 0 at -inf, NaN at NaN. The
+    one-product form exp2(d·LOG2E) fails this from |d| ≈ 10 on (its rounded product alone is off by
+    ln2·|d·log2 e|·2^-25 relative, 2e-6 at d = -87), even with an exact exp2 as the interpreter's."""
+    import triton
+
+    device = _require("triton")
+    d64 = torch.cat([-torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) * 104,
+                     torch.tensor([0.0, -1e-30, -87.0])])
+    d = torch.cat([d64.float(), torch.tensor([float("-inf"), float("nan")])]).to(device)
+    y = torch.empty_like(d)
+    _exp_natural_kernel()[(triton.cdiv(d.numel(), 1024),)](d, y, d.numel(), BLOCK=1024)
+    y = y.cpu().double()
+    exact = torch.exp(d.cpu().double())
+    normal = exact >= torch.finfo(torch.float32).tiny
+    rel = ((y - exact).abs() / exact)[normal]
+    assert rel.max().item() <= 4 * torch.finfo(torch.float32).eps / 2, f"max relative error {rel.max().item():.3e}"
+    assert (y[~normal & torch.isfinite(exact)] - exact[~normal & torch.isfinite(exact)]).abs().max().item() \
+        <= torch.finfo(torch.float32).tiny
+    assert y[-2].item() == 0.0 and y[-1].isnan().item()
+    assert y[-5].item() == 1.0  # e^0 exactly: a softmax of one column is exactly 1
 
 
 # Single-pass split variants: the "any" row, the next row's tile prefetched during the wait, and

@@ -139,9 +139,9 @@ TRITON_SOFTMAX: dict = {
     ("row", "any", "any", 32768): dict(BLOCK_M=1, num_warps=32, num_stages=1),
     # ---- online: BLOCK_N-column tiles of 32 KB ----------------------------------------------
     ("online", "any", "fp32", _INF): dict(BLOCK_M=1, BLOCK_N=8192, BLOCK_N_STRIDED=2048,
-                                          num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
+                                          num_warps=16, num_stages=1, PROGRAMS_PER_SM=1, maxnreg=128),
     ("online", "any", "any", _INF): dict(BLOCK_M=1, BLOCK_N=16384, BLOCK_N_STRIDED=2048,
-                                         num_warps=16, num_stages=1, PROGRAMS_PER_SM=1),
+                                         num_warps=16, num_stages=1, PROGRAMS_PER_SM=1, maxnreg=128),
     # ---- split: S programs per row, 16 KB tiles ----------------------------------------------
     ("split", "any", "fp32", _INF): dict(_SPLIT_FP32, SINGLE_PASS=False),
     ("split", "any", "any", _INF): dict(_SPLIT_ANY, SINGLE_PASS=False),
@@ -405,7 +405,7 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # leaves out; attention_fwd.py says what each does): FMA (scores kept raw, exp2 argument as one
 # fused multiply-add; used only when scale > 0), LATE_L (row sum after the P·V product is issued),
 # ADDR "ptr" | "offs" | "tma" (how K/V tiles are addressed; "tma" falls back to "offs" where TMA's
-# alignment rules fail, for float32 and for decode). decode rows add the dispatch and split
+# alignment rules fail, and for float32). decode rows add the dispatch and split
 # heuristics: max_rows, max_q (use the split-KV kernel when Nq·Hq/Hkv <= max_rows, or Nq <= max_q:
 # with a big GQA group it then packs several row tiles, each still reading K/V once for its heads,
 # where the forward kernel would read them once per query head), waves (aim for waves·SMs programs:

@@ -151,9 +151,9 @@ def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale
         SPLIT_D=split_d, ACCURATE=fp32, num_warps=p["num_warps"], num_stages=p["num_stages"])
     lp = {"kernel": p["kernel"], "const": const, "offset": p["offset"], "group": p["group"],
           "m_tiles": p["m_tiles"], "n_q": n_q, "n_k": k.shape[2], "d": d, "heads": hq,
-          # TMA: forward only, 16-bit only (the chunked float32 dot loads K in another shape), never
-          # in the interpreter's UPCAST mode; the per-call alignment check may still refuse it.
-          "tma": p["kernel"] == "fwd" and p["ADDR"] == "tma" and not fp32 and not upcast,
+          # TMA: 16-bit only (the chunked float32 dot loads K in another shape), never in the
+          # interpreter's UPCAST mode; the per-call alignment check may still refuse it.
+          "tma": p["ADDR"] == "tma" and not fp32 and not upcast,
           "addr": "offs" if p["ADDR"] == "tma" else p["ADDR"]}
     if p["kernel"] == "fwd":
         lp["grid"] = (b * hq * p["m_tiles"],)
@@ -206,26 +206,25 @@ def attention_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offs
         ctx = torch.cuda.device(q.device)
         ctx.__enter__()
     try:
+        addr = lp["addr"]
+        kk, vv = k, v
+        if lp["tma"] and _tma_ok(k) and _tma_ok(v):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
+            kk = TensorDescriptor(k, list(k.shape), list(sk), block)
+            vv = TensorDescriptor(v, list(v.shape), list(sv), block)
+            addr = "tma"
         if lp["kernel"] == "fwd":
-            addr = lp["addr"]
-            kk, vv = k, v
-            if lp["tma"] and _tma_ok(k) and _tma_ok(v):
-                from triton.tools.tensor_descriptor import TensorDescriptor
-                block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
-                kk = TensorDescriptor(k, list(k.shape), list(sk), block)
-                vv = TensorDescriptor(v, list(v.shape), list(sv), block)
-                addr = "tma"
             attention_fwd_kernel[lp["grid"]](q, kk, vv, out, lse, *args, WIDE=wide, ADDR=addr, **const)
             return
         splits = lp["splits"]
         if splits == 1:
-            attention_decode_kernel[lp["grid"]](q, k, v, out, lse, lse, *args, 1, lp["split_len"],
-                                                lp["rows"], SPLIT=False, WIDE=wide, ADDR=lp["addr"],
-                                                **const)
+            attention_decode_kernel[lp["grid"]](q, kk, vv, out, lse, lse, *args, 1, lp["split_len"],
+                                                lp["rows"], SPLIT=False, WIDE=wide, ADDR=addr, **const)
             return
         part = torch.empty(lp["workspace"], dtype=torch.float32, device=q.device)
-        attention_decode_kernel[lp["grid"]](q, k, v, out, lse, part, *args, splits, lp["split_len"],
-                                            lp["rows"], SPLIT=True, WIDE=wide, ADDR=lp["addr"], **const)
+        attention_decode_kernel[lp["grid"]](q, kk, vv, out, lse, part, *args, splits, lp["split_len"],
+                                            lp["rows"], SPLIT=True, WIDE=wide, ADDR=addr, **const)
         attention_merge_kernel[lp["merge_grid"]](part, out, lse, *so, lp["rows"], lp["heads"], lp["n_q"],
                                                  splits, scale * online.LOG2E, **lp["merge_const"])
     finally:

@@ -45,7 +45,8 @@ def attention_decode_kernel(
     tile = rest % m_tiles
     bkv = rest // m_tiles
     n_kv_heads = n_heads // group
-    b = (bkv // n_kv_heads).to(tl.int64)
+    b32 = bkv // n_kv_heads
+    b = b32.to(tl.int64)
     kvh = bkv % n_kv_heads
 
     r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -62,9 +63,13 @@ def attention_decode_kernel(
     q = tl.load(Q + q_offsets(q_rows, d, stride_qd, SPLIT_D), mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D),
                 other=0.0)
 
-    kvh64 = kvh.to(tl.int64)
-    k_src = K + b * stride_kb + kvh64 * stride_kh
-    v_src = V + b * stride_vb + kvh64 * stride_vh
+    if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
+        k_src = K
+        v_src = V
+    else:
+        kvh64 = kvh.to(tl.int64)
+        k_src = K + b * stride_kb + kvh64 * stride_kh
+        v_src = V + b * stride_vb + kvh64 * stride_vh
     k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
     v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
 
@@ -75,11 +80,11 @@ def attention_decode_kernel(
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, end = kv_bounds(lo, hi, row_first, row_last, causal_offset, CAUSAL, BLOCK_N)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, 0, 0,
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
                         i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, full, n_k, causal_offset, qk_scale,
                         False, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
                         SPLIT_D, ADDR)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, 0, 0,
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
                         i, dk_mask(d_ok, SPLIT_D), dv_ok, full, end, n_k, causal_offset, qk_scale,
                         True, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
                         SPLIT_D, ADDR)

@@ -19,18 +19,26 @@ Two optional constexpr switches (defaults keep every existing caller's code unch
   multiply-add per element instead of a subtract and a multiply (the FMA form the Triton tutorial and
   FlexAttention use; it needs scale > 0, as the verbs' max does anyway). One rounding instead of two,
   so it is at least as accurate.
-* ACCURATE (normalize, attention_out, lse): IEEE round-to-nearest division (div.rn rather than
-  Triton's default div.full.f32, 2 ulp) and lse = m·scale·ln2 + ln(l) as one FMA over an accurate
-  log (Triton 3.6 lowers tl.log and tl.math.log2 to libdevice's polynomials, not lg2.approx). For
-  float32 inputs, where the numerics rule compares against torch's float32 (DESIGN §4); the 16-bit
-  paths keep the fast forms (their eps dwarfs a float32 ulp). exp2 has no more accurate form on
-  NVIDIA GPUs (libdevice's exp2f is the same ex2.approx.ftz instruction, 2 ulp; checked in the
-  sm_90a PTX).
+* ACCURATE: for float32 outputs, where the numerics rule compares against torch's float32
+  (DESIGN §4); the 16-bit paths keep the fast forms (their eps dwarfs a float32 ulp).
+  - attention_out, lse: IEEE round-to-nearest division (div.rn rather than Triton's default
+    div.full.f32, 2 ulp) and lse = m·scale·ln2 + ln(l) as one FMA over an accurate log (Triton 3.6
+    lowers tl.log and tl.math.log2 to libdevice's polynomials, not lg2.approx).
+  - the softmax verbs (update, update_max, merge, merge_parts, merge_many, normalize), which then
+    require scale = LOG2E (inputs in natural units): e^d by `exp_natural`, the form of CUDA's expf
+    (what torch.softmax calls), and normalize multiplies by a div.rn reciprocal of l (≤ 1 ulp)
+    instead of dividing with div.full.f32 (2 ulp). Measured on the H100 before this switch, the
+    fast forms (exp2(d·LOG2E) with Triton's div) left a 7x300 float32 softmax 2.2e-7 off the
+    float64 result where torch was 2e-8 off: outside DESIGN §4's 2× torch + eps.
 """
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+# log2(e) as a float32 and the float32 nearest to its remainder: d·log2(e) = d·_LOG2E_HI + d·_LOG2E_LO
+# to ~2^-48 relative, the two-part product of CUDA's expf.
+_LOG2E_HI = tl.constexpr(1.44269502162933349609375)
+_LOG2E_LO = tl.constexpr(1.925963033500011079e-08)
 # A constexpr: lse() reads it inside @triton.jit, where plain Python globals fail to compile.
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -42,13 +50,38 @@ def finite_or_zero(m):
 
 
 @triton.jit
+def exp_natural(d):
+    """e^d for float32 d, with d·log2(e) carried in two parts as CUDA's expf does (what
+    torch.softmax calls): a = d·log2e rounded, r = the product's exact remainder (one FMA) plus d
+    times log2(e)'s own float32 remainder (another), e^d = 2^a·2^r = 2^a + 2^a·r·ln2 (|r| < 2^-16,
+    so the dropped r² term is below 2^-33 relative). exp2(d·LOG2E) alone is off by ln2·|a|·2^-24
+    relative from the rounded product. d is clamped at -104 first (e^-104 is below the smallest
+    float32 denormal), so -inf gives 0 and never inf − inf; NaN stays NaN."""
+    d = tl.maximum(d, -104.0, propagate_nan=tl.PropagateNan.ALL)
+    a = d * _LOG2E_HI
+    r = tl.math.fma(d, _LOG2E_LO, tl.math.fma(d, _LOG2E_HI, -a))
+    e = tl.math.exp2(a)
+    return tl.math.fma(e, r * LN2, e)
+
+
+@triton.jit
+def _exp_scaled(d, scale, ACCURATE: tl.constexpr):
+    """exp2(d·scale); ACCURATE: e^d by exp_natural (the caller's scale is LOG2E)."""
+    if ACCURATE:
+        e = exp_natural(d)
+    else:
+        e = tl.math.exp2(d * scale)
+    return e
+
+
+@triton.jit
 def identity(BLOCK_M: tl.constexpr):
     """The state of an empty row: m = -inf, l = 0."""
     return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32))
 
 
 @triton.jit
-def update_max(m, x, scale, FMA: tl.constexpr = False):
+def update_max(m, x, scale, FMA: tl.constexpr = False, ACCURATE: tl.constexpr = False):
     """The max half of `update`: m' = max(m, max(x)), p = exp(x − m'), alpha = exp(m − m').
 
     Split from the sum so an attention kernel can fold Σp into l after issuing its P·V product
@@ -56,11 +89,11 @@ def update_max(m, x, scale, FMA: tl.constexpr = False):
     """
     m_new = tl.maximum(m, tl.max(x, axis=1))
     shift = finite_or_zero(m_new)
-    alpha = tl.math.exp2((m - shift) * scale)
+    alpha = _exp_scaled(m - shift, scale, ACCURATE)
     if FMA:
         p = tl.math.exp2(tl.math.fma(x, scale, -(shift * scale)[:, None]))
     else:
-        p = tl.math.exp2((x - shift[:, None]) * scale)
+        p = _exp_scaled(x - shift[:, None], scale, ACCURATE)
     return m_new, p, alpha
 
 
@@ -71,43 +104,43 @@ def update_sum(l, p, alpha):
 
 
 @triton.jit
-def update(m, l, x, scale, FMA: tl.constexpr = False):
+def update(m, l, x, scale, FMA: tl.constexpr = False, ACCURATE: tl.constexpr = False):
     """Fold a tile x [BLOCK_M, BLOCK_N] into (m, l).
 
     m' = max(m, max(x)),  l' = l·exp(m − m') + Σ exp(x − m').
     Returns (m', l', p, alpha) with p = exp(x − m') (the attention kernels multiply it into V) and
     alpha = exp(m − m') (the factor that rescales an output accumulator).
     """
-    m_new, p, alpha = update_max(m, x, scale, FMA)
+    m_new, p, alpha = update_max(m, x, scale, FMA, ACCURATE)
     return m_new, update_sum(l, p, alpha), p, alpha
 
 
 @triton.jit
-def merge(m1, l1, m2, l2, scale):
+def merge(m1, l1, m2, l2, scale, ACCURATE: tl.constexpr = False):
     """m = max(m1, m2),  l = l1·exp(m1 − m) + l2·exp(m2 − m). Returns (m, l, alpha1, alpha2)."""
     m = tl.maximum(m1, m2)
     shift = finite_or_zero(m)
-    a1 = tl.math.exp2((m1 - shift) * scale)
-    a2 = tl.math.exp2((m2 - shift) * scale)
+    a1 = _exp_scaled(m1 - shift, scale, ACCURATE)
+    a2 = _exp_scaled(m2 - shift, scale, ACCURATE)
     return m, l1 * a1 + l2 * a2, a1, a2
 
 
 @triton.jit
-def merge_parts(m_parts, l_parts, scale):
+def merge_parts(m_parts, l_parts, scale, ACCURATE: tl.constexpr = False):
     """Merge states laid out along axis 1 ([BLOCK_M, SPLITS], unused splits = identity).
 
     Returns (m, l, a) with a = exp(m_parts − m) [BLOCK_M, SPLITS], the factor that rescales each
     part's output accumulator."""
     m = tl.max(m_parts, axis=1)
     shift = finite_or_zero(m)
-    a = tl.math.exp2((m_parts - shift[:, None]) * scale)
+    a = _exp_scaled(m_parts - shift[:, None], scale, ACCURATE)
     return m, tl.sum(l_parts * a, axis=1), a
 
 
 @triton.jit
-def merge_many(m_parts, l_parts, scale):
+def merge_many(m_parts, l_parts, scale, ACCURATE: tl.constexpr = False):
     """Merge states laid out along axis 1 ([BLOCK_M, SPLITS], unused splits = identity)."""
-    m, l, _ = merge_parts(m_parts, l_parts, scale)
+    m, l, _ = merge_parts(m_parts, l_parts, scale, ACCURATE)
     return m, l
 
 
@@ -122,8 +155,16 @@ def _div(x, y, ACCURATE: tl.constexpr):
 
 @triton.jit
 def normalize(x, m, l, scale, ACCURATE: tl.constexpr = False):
-    """Softmax finalize: y = exp(x − m) / l. A row of only -inf gives NaN, as torch.softmax does."""
-    return _div(tl.math.exp2((x - finite_or_zero(m)[:, None]) * scale), l[:, None], ACCURATE)
+    """Softmax finalize: y = exp(x − m) / l. A row of only -inf gives NaN, as torch.softmax does
+    (0 · 1/0 with ACCURATE, 0/0 without)."""
+    p = _exp_scaled(x - finite_or_zero(m)[:, None], scale, ACCURATE)
+    if ACCURATE:
+        # One correctly rounded reciprocal per row, then a multiply: ≤ 1 ulp, per element far
+        # cheaper than div.rn.
+        y = p * tl.math.div_rn(tl.full(l.shape, 1.0, tl.float32), l)[:, None]
+    else:
+        y = p / l[:, None]
+    return y
 
 
 @triton.jit

@@ -25,6 +25,7 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
                           STAGES: tl.constexpr = 1, KEEP: tl.constexpr = "",
                           LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
+    ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     offs = tl.arange(0, BLOCK_N)
@@ -41,16 +42,16 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
         for t in tl.range(0, num_full, num_stages=STAGES):
             x = load_tile(x_base, t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
                           COL_CONTIG, False, KEEP)
-            m, l, _, _ = update(m, l, x, LOG2E)
+            m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
         if tail < N:
             cols = tail + offs
             x = load_tile(x_base, cols, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True,
                           LAST)
-            m, l, _, _ = update(m, l, x, LOG2E)
+            m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
             # The state is final after the last tile: write it from registers, no re-read.
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), True, STORE)
 
         for t in tl.range(0, num_full, num_stages=STAGES):
             cols = (num_full - 1 - t) * BLOCK_N + offs
             x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)

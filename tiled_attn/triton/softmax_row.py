@@ -24,6 +24,7 @@ def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
                        MASK_N: tl.constexpr, STAGES: tl.constexpr = 1, LAST: tl.constexpr = "",
                        STORE: tl.constexpr = ""):
+    ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -34,6 +35,6 @@ def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
         x = load_tile(row_base(x_ptr, rows, stride_xm), cols, stride_xn, row_mask, N, float("-inf"),
                       COL_CONTIG, MASK_N, LAST)
         m, l = identity(BLOCK_M)
-        m, l, _, _ = update(m, l, x, LOG2E)
-        store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, normalize(x, m, l, LOG2E),
+        m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
+        store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, normalize(x, m, l, LOG2E, ACC),
                    MASK_N, STORE)

@@ -34,6 +34,7 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
                                KEEP: tl.constexpr = ""):
+    ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     s, rows, row_mask, start, stop = _chunk(tl.program_id(0), S, M, N, CHUNK, BLOCK_M)
     x_base = row_base(x_ptr, rows, stride_xm)
     offs = tl.arange(0, BLOCK_N)
@@ -44,11 +45,11 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
     for t in tl.range(0, num_full, num_stages=STAGES):
         x = load_tile(x_base, start + t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
                       COL_CONTIG, False, KEEP)
-        m, l, _, _ = update(m, l, x, LOG2E)
+        m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
     if tail < stop:  # only the row's last chunk: stop == N there, so `cols < N` masks it
         x = load_tile(x_base, tail + offs, stride_xn, row_mask, N, float("-inf"), COL_CONTIG, True,
                       KEEP)
-        m, l, _, _ = update(m, l, x, LOG2E)
+        m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
 
     state = rows.to(tl.int64) * S + s
     tl.store(m_ptr + state, m, mask=row_mask)
@@ -61,6 +62,7 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
                                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
                                    COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
                                    LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
+    ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     lin = tl.num_programs(0) - 1 - tl.program_id(0)
     s, rows, row_mask, start, stop = _chunk(lin, S, M, N, CHUNK, BLOCK_M)
 
@@ -69,7 +71,7 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
     in_row = row_mask[:, None] & (parts < S)[None, :]
     # Unused slots are the identity state (m = -inf, l = 0), which merge_many ignores.
     m, l = merge_many(tl.load(m_ptr + states, mask=in_row, other=float("-inf")),
-                      tl.load(l_ptr + states, mask=in_row, other=0.0), LOG2E)
+                      tl.load(l_ptr + states, mask=in_row, other=0.0), LOG2E, ACC)
 
     x_base = row_base(x_ptr, rows, stride_xm)
     y_base = row_base(y_ptr, rows, stride_ym)
@@ -79,8 +81,8 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
     if tail < stop:
         cols = tail + offs
         x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, True, LAST)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), True, STORE)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), True, STORE)
     for t in tl.range(0, num_full, num_stages=STAGES):
         cols = start + (num_full - 1 - t) * BLOCK_N + offs
         x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False, STORE)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)

@@ -47,6 +47,7 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
                               STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
                               KEEP: tl.constexpr = "", LAST: tl.constexpr = "",
                               STORE: tl.constexpr = ""):
+    ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     s = pid % S
     groups = tl.num_programs(0) // S
@@ -71,11 +72,11 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
         for t in tl.range(0, n_loop, num_stages=STAGES):
             x = load_tile(x_base, start + t * BLOCK_N + offs, stride_xn, row_mask, N,
                           float("-inf"), COL_CONTIG, False, KEEP)
-            m, l, _, _ = update(m, l, x, LOG2E)
+            m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
         if not PREFETCH:
             x_last = load_tile(x_base, last_start + offs, stride_xn, row_mask, N, float("-inf"),
                                COL_CONTIG, True, LAST)
-        m, l, _, _ = update(m, l, x_last, LOG2E)
+        m, l, _, _ = update(m, l, x_last, LOG2E, ACCURATE=ACC)
 
         states = rows.to(tl.int64) * S
         tl.store(m_ptr + states + s, m)
@@ -102,14 +103,14 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
         m, l = merge_many(tl.load(m_ptr + all_states, mask=in_row, other=float("-inf"),
                                   cache_modifier=".cg"),
                           tl.load(l_ptr + all_states, mask=in_row, other=0.0, cache_modifier=".cg"),
-                          LOG2E)
+                          LOG2E, ACC)
         # A wait that timed out leaves the state incomplete: NaN, never a plausible wrong answer.
         l = tl.where(complete, l, float("nan"))
         y_base = row_base(y_ptr, rows, stride_ym)
-        store_tile(y_base, last_start + offs, row_mask, N, normalize(x_last, m, l, LOG2E), True, STORE)
+        store_tile(y_base, last_start + offs, row_mask, N, normalize(x_last, m, l, LOG2E, ACC), True, STORE)
         for t in tl.range(0, n_loop, num_stages=STAGES):
             cols = start + (n_loop - 1 - t) * BLOCK_N + offs
             x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E), False, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)
         if PREFETCH:
             x_last = x_next
