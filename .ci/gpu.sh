@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
-#   bash .ci/gpu.sh STAGE...      stages: info build test test2 test_huge sanitize tune sweep_cuda_attn
+#   bash .ci/gpu.sh STAGE...      stages: info build test test2 grid_full test_huge sanitize tune sweep_cuda_attn
 #                                 sweep_cuda_softmax sweep_softmax bench pack
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
 # few files per call (2026-11-22: a bench run's JSON and markdown were left behind, 8 files came).
@@ -42,6 +42,11 @@ for s in "$@"; do
             --timeout=150 --durations=25 -rfE --tb=short -m "not huge" ${TEST_ARGS:-} ;;
     test2) stage test2 "${TEST2_TIMEOUT:-300}" python -m pytest -v -n "${TEST_WORKERS:-12}" --dist loadgroup -p no:cacheprovider \
             --timeout=150 --durations=25 -rfE --tb=short -m "not huge" ${TEST2_ARGS:-} ;;
+    # The attention grid in full product (2574 cases a backend; test_full_grid): shard it
+    # over calls with TILED_ATTN_SHARD=i/n (tests/conftest.py).
+    grid_full) stage grid_full "${GRID_TIMEOUT:-540}" env TILED_ATTN_FULL_GRID=1 python -m pytest -q -n "${TEST_WORKERS:-12}" \
+            --dist loadgroup -p no:cacheprovider --timeout=150 -rfE --tb=short tests/test_attention.py \
+            -k test_full_grid ${GRID_ARGS:-} ;;
     test_huge) stage test_huge "${HUGE_TIMEOUT:-100}" python -m pytest -v -p no:cacheprovider --timeout=90 \
             -rfE --tb=short -m huge ${TEST_ARGS:-} ;;
     sanitize)

@@ -245,15 +245,26 @@ def test_gpu_grid_covers_every_pair():
         missing = [(a, b) for a in domains[i] for b in domains[j] if (a, b) not in seen]
         assert not missing, f"dimensions {i} and {j}: pairs {missing[:5]} never appear"
     assert {s for s, *_ in grid} >= {(1, 1), (1, 239), (3, 799)}
+    full = full_product_grid()
+    assert len(set(full)) == len(full) == len(grid) * len(DTYPES) * len(HEADS) and set(grid) <= set(full)
+
+
+def full_product_grid() -> list[tuple]:
+    """Every (shape, D, causal, dtype, layout): 13 × 11 × 2 × 3 × 3 = 2574 cases a backend, the
+    issue's grid in full. TILED_ATTN_FULL_GRID=1 runs it in test_full_grid instead of the pairwise
+    grid (on the H100 in shards: TILED_ATTN_SHARD, tests/conftest.py)."""
+    return [(shape, d, causal, dt, h) for shape in SHAPES for d in HEAD_DIMS for causal in (False, True)
+            for dt in DTYPES for h in HEADS]
 
 
 def _gpu_grid_params():
     if not GPU_GRID:
         return [pytest.param(None, None, None, None, None, id="gpu-grid",
                              marks=pytest.mark.skip(reason="the GPU grid runs on a CUDA device"))]
+    grid = full_product_grid() if os.environ.get("TILED_ATTN_FULL_GRID") == "1" else gpu_grid()
     return [pytest.param(s, d, c, h, dt, id=_id(f"{s[0]}x{s[1]}", d, c, h, dt),
                          marks=[pytest.mark.gpu, *_group(dt, d)])
-            for s, d, c, dt, h in gpu_grid()]
+            for s, d, c, dt, h in grid]
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
