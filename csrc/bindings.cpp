@@ -20,6 +20,9 @@
 #include "softmax/softmax.h"
 #if TILED_ATTN_WITH_ATTENTION
 #include "attention/attention.h"
+#if TILED_ATTN_WITH_SM90  // the wgmma forward (csrc/attention/sm90/), built for compute capability 9.0 only
+#include "attention/sm90/attention_sm90.h"
+#endif
 #endif
 
 namespace {
@@ -294,27 +297,27 @@ bool check_attn_operand(Checker& chk, const torch::Tensor& t, const char* name, 
                    t.strides());
 }
 
-std::string attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
-                          torch::Tensor& lse, double scale, bool causal, int64_t causal_offset, int64_t stream) {
-  Checker chk;
-  if (!chk.value(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device())) return chk.error();
-  tiled_attn::AttnDtype dtype;
+// The operand checks of the attention entries (attention_fwd, attention_fwd_split); false with the
+// error in chk at the first failure.
+bool check_attention_args(Checker& chk, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& out, const torch::Tensor& lse, tiled_attn::AttnDtype* dtype) {
+  if (!chk.value(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device())) return false;
   if (q.scalar_type() == torch::kHalf) {
-    dtype = tiled_attn::AttnDtype::kFloat16;
+    *dtype = tiled_attn::AttnDtype::kFloat16;
   } else if (q.scalar_type() == torch::kBFloat16) {
-    dtype = tiled_attn::AttnDtype::kBFloat16;
+    *dtype = tiled_attn::AttnDtype::kBFloat16;
   } else {
     chk.type(false, "the CUDA attention kernel takes float16 or bfloat16, got ", q.scalar_type());
-    return chk.error();
+    return false;
   }
   if (!(check_attn_operand(chk, q, "q", q) && check_attn_operand(chk, k, "k", q) &&
         check_attn_operand(chk, v, "v", q) && check_attn_operand(chk, out, "out", q) &&
         chk.value(k.sizes() == v.sizes(), "k and v must have the same shape, got ", k.sizes(), " and ", v.sizes()) &&
         chk.value(out.sizes() == q.sizes(), "out must have q's shape ", q.sizes(), ", got ", out.sizes()))) {
-    return chk.error();
+    return false;
   }
   const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
-  const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
+  const int64_t heads_kv = k.size(1);
   if (!(chk.value(k.size(0) == batch && k.size(3) == head_dim, "k must be (", batch, ", Hkv, Nk, ", head_dim,
                   "), got ", k.sizes()) &&
         chk.value(heads_kv > 0 && heads_q % heads_kv == 0, "q's heads (", heads_q,
@@ -326,8 +329,18 @@ std::string attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const 
                       lse.size(2) == seqlen_q && lse.is_contiguous(),
                   "lse must be a contiguous float32 (B, Hq, Nq) tensor on q's device, got ", lse.sizes(), " ",
                   lse.scalar_type()))) {
-    return chk.error();
+    return false;
   }
+  return true;
+}
+
+std::string attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                          torch::Tensor& lse, double scale, bool causal, int64_t causal_offset, int64_t stream) {
+  Checker chk;
+  tiled_attn::AttnDtype dtype;
+  if (!check_attention_args(chk, q, k, v, out, lse, &dtype)) return chk.error();
+  const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
+  const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
   if (q.numel() == 0) return "";
   const DeviceGuard guard(q.get_device());
   check_launch(chk,
@@ -339,6 +352,69 @@ std::string attention_fwd(const torch::Tensor& q, const torch::Tensor& k, const 
                "CUDA attention kernel");
   return chk.error();
 }
+
+// attention_fwd by split-KV (attention.h attention_fwd_split): `workspace` a contiguous float32 CUDA
+// tensor of at least B·Hq·Nq·num_splits·(D + 2) elements on q's device (the caller allocates it on the
+// launch's stream: tiled_attn/cuda/attention.py).
+std::string attention_fwd_split(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                torch::Tensor& out, torch::Tensor& lse, torch::Tensor& workspace, int64_t num_splits,
+                                double scale, bool causal, int64_t causal_offset, int64_t stream) {
+  Checker chk;
+  tiled_attn::AttnDtype dtype;
+  if (!check_attention_args(chk, q, k, v, out, lse, &dtype)) return chk.error();
+  const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
+  const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
+  if (!chk.value(num_splits >= 1 && num_splits <= 65535, "num_splits must be in [1, 65535], got ", num_splits)) {
+    return chk.error();
+  }
+  const int64_t floats = tiled_attn::attention_split_workspace_floats(batch, heads_q, seqlen_q, head_dim, num_splits);
+  if (!chk.value(workspace.is_cuda() && workspace.device() == q.device() &&
+                     workspace.scalar_type() == torch::kFloat && workspace.is_contiguous() &&
+                     workspace.numel() >= floats,
+                 "workspace must be a contiguous float32 tensor of at least ", floats, " elements on q's device, got ",
+                 workspace.sizes(), " ", workspace.scalar_type(), " on ", workspace.device())) {
+    return chk.error();
+  }
+  if (q.numel() == 0) return "";
+  const DeviceGuard guard(q.get_device());
+  check_launch(chk,
+               tiled_attn::attention_fwd_split(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                               lse.data_ptr<float>(), workspace.data_ptr<float>(), num_splits, batch,
+                                               heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q),
+                                               attn_strides(k), attn_strides(v), attn_strides(out),
+                                               static_cast<float>(scale), causal, causal_offset, as_stream(stream)),
+               "CUDA split-KV attention kernels");
+  return chk.error();
+}
+
+#if TILED_ATTN_WITH_SM90
+// ---- wgmma attention forward (csrc/attention/sm90/attention_sm90.h; tiled_attn/cuda/attention.py
+// kernel="wgmma") ----
+// attention_fwd with the sm_90a wgmma kernel: the same operand checks, its own head dims.
+std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               torch::Tensor& out, torch::Tensor& lse, double scale, bool causal,
+                               int64_t causal_offset, int64_t stream) {
+  Checker chk;
+  tiled_attn::AttnDtype dtype;
+  if (!check_attention_args(chk, q, k, v, out, lse, &dtype)) return chk.error();
+  const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
+  const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
+  if (!chk.value(tiled_attn::attention_sm90_head_dim_supported(head_dim), "head dim ", head_dim,
+                 " is not instantiated in the wgmma attention kernel")) {
+    return chk.error();
+  }
+  if (q.numel() == 0) return "";
+  const DeviceGuard guard(q.get_device());
+  check_launch(chk,
+               tiled_attn::attention_fwd_sm90(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                              lse.data_ptr<float>(), batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                              head_dim, attn_strides(q), attn_strides(k), attn_strides(v),
+                                              attn_strides(out), static_cast<float>(scale), causal, causal_offset,
+                                              as_stream(stream)),
+               "CUDA wgmma attention kernel");
+  return chk.error();
+}
+#endif  // TILED_ATTN_WITH_SM90
 #endif
 
 }  // namespace
@@ -365,9 +441,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_fwd", &attention_fwd, "fused attention forward into out and lse; returns the error ('': none)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
         py::arg("causal_offset"), py::arg("stream"));
+  m.def("attention_fwd_split", &attention_fwd_split,
+        "split-KV attention forward (key splits, GQA rows packed, partials merged) into out and lse; returns the "
+        "error ('': none)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("workspace"),
+        py::arg("num_splits"), py::arg("scale"), py::arg("causal"), py::arg("causal_offset"), py::arg("stream"));
   m.def("attention_head_dim_supported", &tiled_attn::attention_head_dim_supported, py::arg("head_dim"));
   m.attr("has_attention") = true;
+#if TILED_ATTN_WITH_SM90  // ---- wgmma attention forward ----
+  m.def("attention_fwd_sm90", &attention_fwd_sm90,
+        "attention forward with the sm_90a wgmma kernel into out and lse; returns the error ('': none)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
+        py::arg("causal_offset"), py::arg("stream"));
+  m.def("attention_sm90_head_dim_supported", &tiled_attn::attention_sm90_head_dim_supported, py::arg("head_dim"));
+  m.attr("has_attention_sm90") = true;
+#else
+  m.attr("has_attention_sm90") = false;
+#endif
 #else
   m.attr("has_attention") = false;
+  m.attr("has_attention_sm90") = false;  // wgmma attention forward
 #endif
 }

@@ -320,6 +320,25 @@ struct AttnRowState {
   __device__ __forceinline__ float rescale_raw(float raw_tile_max, float c) { return rescale(raw_tile_max * c); }
   __device__ __forceinline__ float p_raw_ftz(float s, float c) const { return exp2_ftz(fmaf(s, c, -shift())); }
 
+  // Split-KV (flash-decoding): the merge of §1 over S partial states (m_s, l_s, acc_s) of one row,
+  // each from a disjoint key range, written max first like warp_allreduce so every partial is
+  // rescaled exactly once (a chain of pairwise merges would rescale the running sum at every split
+  // whose max is larger):
+  //   m = max_s m_s                  (merge_max, from identity(), over every partial)
+  //   l = Σ_s l_s·exp2(m_s − m)      (merge_add per partial; it returns the weight exp2(m_s − m),
+  //   acc = Σ_s w_s·acc_s             which the caller applies to the partial's accumulator)
+  // then finalize() as for a row computed whole. The weight is exactly 1 where m_s == m, and a
+  // partial that saw no key (the identity: m_s = -inf, l_s = 0, acc_s = 0) adds exactly 0: its weight
+  // is exp2(-inf − m) = 0, or 1 when every partial is empty (m = -inf), times l_s = 0 and acc_s = 0;
+  // such a row finalizes to output 0 and lse -inf. A NaN partial (NaN scores) makes its weight NaN,
+  // so the row's output is NaN, like torch.
+  __device__ __forceinline__ void merge_max(float m_s) { m = fmaxf(m, m_s); }
+  __device__ __forceinline__ float merge_add(float m_s, float l_s) {
+    const float w = m_s == m ? 1.f : exp2f(m_s - shift());
+    l += l_s * w;
+    return w;
+  }
+
   // Finalize after the row's threads summed l (warp_allreduce_sum<kWidth>): returns 1/l (0 for a row
   // with no visible key, so the output is 0) and writes lse in natural units (-inf for that row).
   __device__ __forceinline__ float finalize(float& lse_out) const {

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import contextlib
 import math
 import os
@@ -209,33 +210,33 @@ def run_softmax(res: Results, args, seed: int):
 
 
 def run_attention(res: Results, seed: int):
+    from tiled_attn.cuda import attention as cuda_attention
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 1000), (300, 300), (257, 128))
-    for dtype in (torch.float16, torch.bfloat16):
-        for d in (64, 128):
-            for (nq, nk) in shapes:
-                for hq, hkv in ((2, 2), (6, 2)):
-                    for causal in (False, True):
-                        what = f"attention {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype}"
-                        with res.case("attention", what):
-                            q, k, v = (torch.randn((1, h, s, d), generator=gen).to(dtype).cuda()
-                                       for h, s in ((hq, nq), (hkv, nk), (hkv, nk)))
-                            out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
-                            scale, offset = 1 / math.sqrt(d), nk - nq
-                            ref_out, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal,
-                                                                   scale, True, offset)
-                            g = hq // hkv
-                            kr, vr = (t.repeat_interleave(g, dim=1) for t in (k, v))
-                            mask = reference._causal_mask(nq, nk, q.device, offset) if causal else None
-                            t_out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=scale)
-                            seen = (mask.any(dim=1) if causal else torch.ones(nq, dtype=torch.bool, device=q.device))
-                            t_out = torch.where(seen[:, None].cpu(), t_out.double().cpu(), ref_out.cpu())
-                            s = (q.float() @ kr.float().transpose(-1, -2)) * scale
-                            if mask is not None:
-                                s = s.masked_fill(~mask, float("-inf"))
-                            assert_rule(out, ref_out, t_out, dtype=dtype, seed=seed, what=what + " out")
-                            assert_rule(lse, ref_lse, torch.logsumexp(s, -1), dtype=dtype, seed=seed,
-                                        what=what + " lse")
+    # The mma.sync kernel (its split-KV path at (1, 1000)) and, on sm_90, the wgmma kernel forced.
+    kernels = ["mma"] + (["wgmma"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    for kernel, dtype, d, (nq, nk), (hq, hkv), causal in itertools.product(
+            kernels, (torch.float16, torch.bfloat16), (64, 128), shapes, ((2, 2), (6, 2)), (False, True)):
+        what = f"attention/{kernel} {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype}"
+        with res.case("attention", what), cuda_attention.forced_kernel(kernel):
+            q, k, v = (torch.randn((1, h, s, d), generator=gen).to(dtype).cuda()
+                       for h, s in ((hq, nq), (hkv, nk), (hkv, nk)))
+            out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+            scale, offset = 1 / math.sqrt(d), nk - nq
+            ref_out, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal,
+                                                   scale, True, offset)
+            g = hq // hkv
+            kr, vr = (t.repeat_interleave(g, dim=1) for t in (k, v))
+            mask = reference._causal_mask(nq, nk, q.device, offset) if causal else None
+            t_out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=scale)
+            seen = (mask.any(dim=1) if causal else torch.ones(nq, dtype=torch.bool, device=q.device))
+            t_out = torch.where(seen[:, None].cpu(), t_out.double().cpu(), ref_out.cpu())
+            s = (q.float() @ kr.float().transpose(-1, -2)) * scale
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            assert_rule(out, ref_out, t_out, dtype=dtype, seed=seed, what=what + " out")
+            assert_rule(lse, ref_lse, torch.logsumexp(s, -1), dtype=dtype, seed=seed,
+                        what=what + " lse")
 
 
 def run_big(res: Results, seed: int):

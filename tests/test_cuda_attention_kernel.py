@@ -11,12 +11,19 @@
    read it) — for the default rows (attention_fwd) and for every sweep variant of the head dim.
    Needs g++ and the CUDA headers (the nvcc toolchain); ~3 minutes for all head dims on 2 cores.
 3. The sweep's ctypes library builds and lists its variants (needs nvcc; ~15 s: one variant).
+4. Split-KV (flash-decoding): the ("decode", ...) rows mirror DecodeConfig<D>; split_plan's choices
+   (split for decode shapes, enough CTAs, no empty split); the emulator runs the split kernel and the
+   merge kernel (its split cases: Nq = 1 and 3, ragged Nk 1-4099, 1-7 splits incl. splits past the
+   keys and splits a causal row does not see, GQA groups 1/4/8, every head dim, both dtypes). On a
+   GPU: forced and planned split launches against float64 (test_split_kv_*), and a decode step
+   captured in a CUDA graph and replayed on new inputs.
 The GPU run (tests/test_attention.py with backend="cuda", compute-sanitizer) is the real check.
 """
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import pathlib
 import re
@@ -190,3 +197,180 @@ def test_kernel_in_the_emulator(emulator, head_dim):
     r = subprocess.run([str(emulator), str(head_dim), str(seed)], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, (f"[seed={seed}] emulated kernel failed for D={head_dim}:\n"
                                f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Split-KV (flash-decoding): DecodeConfig, split_plan, and on a GPU the kernels themselves
+# ------------------------------------------------------------------------------------------------
+TILE_FIELDS = ("block_m", "block_n", "warps", "stages", "flags", "min_blocks")
+
+
+def _decode_configs(attn_dir: pathlib.Path = ATTN) -> dict:
+    """DecodeConfig<D> of flash_fwd.cuh (the primary template and its specializations) per head dim."""
+    text = (attn_dir / "flash_fwd.cuh").read_text()
+    primary = re.search(r"template <int kHeadDim>\s*struct DecodeConfig \{\s*using type = Cfg<([^>]*)>;\s*\};", text)
+    assert primary, "no primary DecodeConfig template in flash_fwd.cuh"
+    special = {int(m.group(1)): _cfg_row(m.group(2)) for m in re.finditer(
+        r"template <>\s*struct DecodeConfig<(\d+)> \{\s*using type = Cfg<([^>]*)>;\s*\};", text)}
+    return {d: special.get(d, _cfg_row(primary.group(1))) for d in cuda_attention.HEAD_DIMS}
+
+
+def test_decode_table_mirrors_the_templates():
+    templates = _decode_configs()
+    for d in cuda_attention.HEAD_DIMS:
+        row = configs.CUDA_ATTENTION[("decode", "any", "*", d)]
+        tile = {f: (tuple(row[f]) if f == "flags" else row[f]) for f in TILE_FIELDS}
+        assert tile == templates[d], f"configs.CUDA_ATTENTION decode row for D={d} differs from DecodeConfig<{d}>"
+        assert cuda_attention.decode_config(d) is row
+        # The split kernel needs whole m16 tiles per warp and one barrier per tile with a prefetch.
+        assert row["block_m"] == 16 * row["warps"] and "joint" in row["flags"] and row["stages"] >= 2
+
+
+def _kernel_split_len(seen: int, splits: int, block_n: int) -> int:
+    """flash_fwd_launch.cuh split_len_for, written again."""
+    per = -(-seen // splits)
+    return max(block_n, -(-per // block_n) * block_n)
+
+
+@pytest.mark.parametrize("b,nk", [(1, 4096), (1, 32768), (1, 131072), (16, 4096), (16, 32768), (16, 131072)])
+def test_split_plan_for_the_decode_suite(b, nk):
+    """Nq = 1, Hq = 32, Hkv = 8, D = 128 on 132 SMs: split, with enough CTAs for the resident slots
+    (at least one per SM) and never more than one wave of them."""
+    cfg = cuda_attention.decode_config(128)
+    splits = cuda_attention.split_plan(b, 32, 8, 1, nk, 128, False, nk - 1, 132, cfg)
+    assert splits >= 1
+    ctas = b * 8 * splits  # 4 packed rows: one row tile per (batch, kv head)
+    smem = cuda_attention._smem_bytes(cfg, 128)
+    slots = min(cfg["max_ctas_per_sm"], cuda_attention.SMEM_PER_SM // (smem + 1024)) * 132
+    assert smem == (16 + 4 * 64) * (128 + 8) * 2 and slots == 3 * 132  # 72 KiB: three CTAs per SM
+    assert 132 <= ctas <= slots, (splits, ctas, slots)
+    assert (splits - 1) * _kernel_split_len(nk, splits, cfg["block_n"]) < nk  # no empty split
+    assert _kernel_split_len(nk, splits, cfg["block_n"]) >= min(nk, cfg["min_split_keys"])
+
+
+def test_split_plan_declines():
+    cfg = cuda_attention.decode_config(128)
+    plan = lambda *a: cuda_attention.split_plan(*a, 132, cfg)  # noqa: E731
+    assert plan(1, 32, 8, 4096, 4096, 128, True, 0) == 0     # a prefill: 16384 packed rows
+    assert plan(1, 32, 8, 17, 4096, 128, False, 0) == 0      # 68 rows > max_rows
+    assert plan(1, 32, 8, 1, cfg["min_keys"] - 1, 128, False, 0) == 0
+    assert plan(1, 32, 8, 3, 4096, 128, True, -3) == 0       # causal: no row sees a key
+    assert plan(1, 32, 8, 1, 4096, 128, True, 4095) > 1
+    assert plan(512, 32, 8, 1, 4096, 128, False, 0) == 1     # the grid is full without splitting
+
+
+def test_split_plan_leaves_no_split_empty():
+    import itertools
+    for d, b, (hq, hkv), nq, nk, causal in itertools.product(
+            cuda_attention.HEAD_DIMS, (1, 3, 16), ((32, 8), (8, 8), (16, 1)), (1, 2, 4), (512, 777, 4099, 65536),
+            (False, True)):
+        cfg = cuda_attention.decode_config(d)
+        offset = nk - nq
+        splits = cuda_attention.split_plan(b, hq, hkv, nq, nk, d, causal, offset, 132, cfg)
+        if splits == 0:
+            assert nq * hq // hkv > cfg["max_rows"]
+            continue
+        seen = min(max(nq + offset, 0), nk) if causal else nk
+        split_len = _kernel_split_len(seen, splits, cfg["block_n"])
+        assert (splits - 1) * split_len < seen <= splits * split_len, (d, b, hq, hkv, nq, nk, causal, splits)
+
+
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="the split-KV kernels run on a CUDA device")
+
+
+def _cuda_ready():
+    from tiled_attn import cuda
+    if not cuda.is_available():
+        pytest.skip("the CUDA extension is not available (not built)")
+
+
+def _split_run(q, k, v, scale, causal, offset, num_splits):
+    from tiled_attn import _checks
+    attention_mod = __import__("importlib").import_module("tiled_attn.attention")
+    out, lse = (_checks.new_output(t) for t in attention_mod._alloc(q, v))
+    cuda_attention.attention_forward(q, k, v, out, lse, scale, causal, offset, num_splits=num_splits)
+    return out, lse
+
+
+# (B, Hq, Hkv, Nq, Nk, D, dtype, causal, offset (None: bottom-right Nk − Nq), splits (None: planned))
+SPLIT_CASES = [
+    (1, 32, 8, 1, 4099, 128, torch.bfloat16, False, None, 7),
+    (1, 32, 8, 1, 4099, 128, torch.bfloat16, False, None, None),
+    (2, 8, 2, 3, 799, 64, torch.float16, True, None, 5),
+    (1, 8, 1, 3, 239, 128, torch.bfloat16, True, 0, 4),        # top-left: splits 1-3 unseen by every row
+    (1, 4, 2, 3, 129, 96, torch.float16, True, None, 3),       # the last split unseen by queries 0, 1
+    (2, 4, 2, 3, 1, 64, torch.bfloat16, True, None, 2),        # queries 0, 1 see no key: 0 and -inf
+    (1, 4, 4, 1, 1, 256, torch.float16, False, None, 2),       # MHA, one key, a split past it
+    (1, 16, 1, 1, 32768, 128, torch.bfloat16, False, None, None),  # MQA, planned
+    (3, 12, 4, 2, 1000, 32, torch.float16, True, None, 6),
+    (1, 24, 8, 1, 2000, 192, torch.bfloat16, True, None, 5),
+    (1, 8, 1, 3, 700, 256, torch.bfloat16, False, None, 7),    # 24 packed rows: two row tiles
+]
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "B{}-H{}x{}-Nq{}-Nk{}-D{}-{}-c{}-o{}-s{}".format(
+    *c[:6], str(c[6])[6:], int(c[7]), c[8], c[9]))
+def test_split_kv_matches_reference(case, seed):
+    from test_attention import _check, _qkv
+    _cuda_ready()
+    b, hq, hkv, nq, nk, d, dtype, causal, offset, splits = case
+    offset = nk - nq if offset is None else offset
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(b, hq, hkv, nq, nk, d, dtype, "cuda", gen)
+    scale = 1.0 / math.sqrt(d)
+    if splits is None:
+        splits = cuda_attention.split_plan(b, hq, hkv, nq, nk, d, causal, offset, cuda_attention._sm_count(q.device),
+                                           cuda_attention.decode_config(d, q.device))
+        assert splits >= 1, "a decode shape must take the split path"
+    out, lse = _split_run(q, k, v, scale, causal, offset, splits)
+    _check(out, lse, q, k, v, causal, offset, scale, seed, f"cuda split-KV {case}")
+    # Non-contiguous q/out layouts and a negative scale (the kernel without the folded scale).
+    out2, lse2 = _split_run(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, -scale, causal, offset, splits)
+    _check(out2, lse2, q, k, v, causal, offset, -scale, seed, f"cuda split-KV scale<0 {case}")
+
+
+@GPU_ONLY
+def test_split_kv_is_what_ta_attention_runs_for_decode(seed, monkeypatch):
+    """The decode suite's shape through ta.attention(backend="cuda") takes the split path."""
+    import math as _math
+    from test_attention import _check, _qkv
+    _cuda_ready()
+    calls = []
+    ext = cuda_attention._extension(torch.device("cuda"))
+    real_call = cuda_attention._call
+    monkeypatch.setattr(cuda_attention, "_call", lambda fn, *a: (calls.append(fn), real_call(fn, *a))[1])
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(1, 32, 8, 1, 4096, 128, torch.bfloat16, "cuda", gen)
+    out, lse = __import__("tiled_attn").attention(q, k, v, return_lse=True, backend="cuda")
+    assert ext.attention_fwd_split in calls and ext.attention_fwd not in calls
+    _check(out, lse, q, k, v, False, 4095, 1 / _math.sqrt(128), seed, "ta.attention cuda decode")
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_kv_in_a_cuda_graph(causal, seed):
+    """A decode step (Hq = 32, Hkv = 8, Nk = 4099) captured once and replayed on new q/k/v: the
+    replay equals an eager call on the same inputs bit for bit, and the reference."""
+    import tiled_attn as ta
+    from test_attention import _check, _qkv
+    _cuda_ready()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, 32, 8, 1, 4099, 128, torch.bfloat16, "cuda", gen)
+    static = [t.clone() for t in (q, k, v)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (builds/loads the extension)
+        ta.attention(*static, causal=causal, return_lse=True, backend="cuda")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = ta.attention(*static, causal=causal, return_lse=True, backend="cuda")
+    q2, k2, v2 = _qkv(2, 32, 8, 1, 4099, 128, torch.bfloat16, "cuda", gen)
+    for dst, src in zip(static, (q2, k2, v2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    e_out, e_lse = ta.attention(q2, k2, v2, causal=causal, return_lse=True, backend="cuda")
+    assert torch.equal(g_out, e_out) and torch.equal(g_lse, e_lse), "graph replay differs from the eager call"
+    _check(g_out, g_lse, q2, k2, v2, causal, 4099 - 1, 1 / math.sqrt(128), seed, "cuda graph decode")

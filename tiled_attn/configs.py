@@ -542,4 +542,32 @@ CUDA_ATTENTION: dict = {
     ("fwd", "any", "*", 128): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("fold", "lean"), "min_blocks": 1},
     ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "flags": (), "min_blocks": 1},
     ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "flags": (), "min_blocks": 1},
+    # Split-KV (decode; flash_fwd_kernel<Tr, T, true> + attention_merge.cuh). The tile fields MIRROR
+    # DecodeConfig<D> in flash_fwd.cuh (a test checks): a one-warp CTA of 16 packed (query, query head)
+    # rows of one kv head. The dispatch and split heuristics (tiled_attn/cuda/attention.py split_plan):
+    # the split path when Nq·Hq/Hkv <= max_rows and Nk >= min_keys; splits: enough CTAs to fill every
+    # SM's resident slots once (ctas_per_sm from the smem size, at most 8 one-warp CTAs), no split
+    # shorter than min_split_keys. Not yet measured on the H100 (guesses from the arithmetic in
+    # flash_fwd.cuh's DecodeConfig comment).
+    **{("decode", "any", "*", d): {"block_m": 16, "block_n": 32 if d == 256 else 64, "warps": 1, "stages": 2,
+                                   "flags": ("fold", "lean", "joint") if d == 256
+                                   else ("q_in_regs", "fold", "lean", "joint"),
+                                   "min_blocks": 1, "max_rows": 64, "min_keys": 512, "min_split_keys": 128,
+                                   "max_ctas_per_sm": 8}
+       for d in (32, 64, 96, 128, 192, 256)},
+    # ---- wgmma forward (csrc/attention/sm90/, sm_90a only) ----
+    # "kernel": which CUDA forward kernel a launch runs, "mma" (flash_fwd_kernel.cuh: mma.sync,
+    # FlashAttention-2's structure) or "wgmma" (flash_fwd_sm90_kernel.cuh: warpgroup MMA). A row
+    # without the field is "mma": every ("fwd", ...) row above, so the default stays the mma.sync
+    # kernel until the H100 has measured the wgmma one (tiled_attn/cuda/attention.py select_kernel
+    # reads the field of the tile_config row; attention_forward(kernel=) and forced_kernel() override).
+    # The ("fwd_wgmma", "sm90", "*", D) rows describe the wgmma kernel's tile (a MIRROR of
+    # flash_fwd_sm90::Traits<D>; tests/test_cuda_attention_sm90.py checks): 2 consumer warpgroups of
+    # 64 query rows each, block_n keys per tile through `stages` cp.async slots, 128-byte-swizzled
+    # shared tiles. Compiled with 0 spills for sm_90a (nvcc 13.0; registers 167 / 211 / 231 at
+    # D = 64 / 128 / 256); verified on the CPU emulator (tests/emulation/flash_fwd_sm90_emulator.cpp);
+    # NOT YET MEASURED ON THE H100.
+    **{("fwd_wgmma", "sm90", "*", d): {"kernel": "wgmma", "block_m": 128, "block_n": 128 if d <= 128 else 64,
+                                      "warpgroups": 2, "stages": 2, "swizzle": 128}
+       for d in (64, 128, 256)},
 }

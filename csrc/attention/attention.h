@@ -24,6 +24,27 @@ cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const v
                           AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                           cudaStream_t stream);
 
+// The same result by split-KV (flash-decoding): the keys cut into num_splits ranges, each computed by
+// its own CTAs with the rows of a GQA group packed into one tile (K/V read once per group), the
+// partial states written to `workspace` and merged by a second kernel (csrc/attention/
+// attention_merge.cuh). For short queries against long keys (decode). `workspace`: 16-byte aligned
+// float32, attention_split_workspace_floats(...) of them, on the launch's stream (no other
+// requirement: every element the merge reads is written first). Both kernels go on `stream`, nothing
+// syncs the host (CUDA-graph capturable). Errors as attention_fwd's, and cudaErrorInvalidValue for
+// num_splits outside [1, 65535] or Nq·(Hq / Hkv) + Nk >= INT_MAX − 256.
+cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
+                                float* workspace, int64_t num_splits, int64_t batch, int64_t heads_q,
+                                int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim,
+                                AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
+                                AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
+                                cudaStream_t stream);
+
+// B·Hq·Nq·num_splits·(D + 2): the partial accumulators, maxima and sums.
+inline int64_t attention_split_workspace_floats(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t head_dim,
+                                                int64_t num_splits) {
+  return batch * heads_q * seqlen_q * num_splits * (head_dim + 2);
+}
+
 bool attention_head_dim_supported(int64_t head_dim);
 
 }  // namespace tiled_attn

@@ -1,5 +1,6 @@
-// flash_fwd.cu: attention_fwd (attention.h): argument checks and Params (make_params in flash_fwd.cuh),
-// and the dispatch over head dim and dtype to the instantiations in flash_fwd_hdim*.cu. The Python wrapper
+// flash_fwd.cu: attention_fwd and attention_fwd_split (attention.h): argument checks and Params
+// (make_params, make_split_params in flash_fwd.cuh), the dispatch over head dim and dtype to the
+// instantiations in flash_fwd_hdim*.cu, and the split path's merge launch. The Python wrapper
 // (tiled_attn/cuda/attention.py) has already raised a ValueError for anything rejected here; these
 // checks keep a direct C++ caller from launching on bad input.
 #include <cuda_bf16.h>
@@ -7,6 +8,7 @@
 
 #include "../online_softmax.cuh"
 #include "attention.h"
+#include "attention_merge.cuh"
 #include "flash_fwd.cuh"
 
 namespace tiled_attn {
@@ -33,6 +35,19 @@ cudaError_t dispatch_head_dim(const flash_fwd::Params& p, int64_t head_dim, int 
   }
 }
 
+template <typename T>
+cudaError_t dispatch_split_head_dim(const flash_fwd::Params& p, int64_t head_dim, int slots, cudaStream_t stream) {
+  switch (head_dim) {
+    case 32: return flash_fwd::run_flash_fwd_split<32, T>(p, slots, stream);
+    case 64: return flash_fwd::run_flash_fwd_split<64, T>(p, slots, stream);
+    case 96: return flash_fwd::run_flash_fwd_split<96, T>(p, slots, stream);
+    case 128: return flash_fwd::run_flash_fwd_split<128, T>(p, slots, stream);
+    case 192: return flash_fwd::run_flash_fwd_split<192, T>(p, slots, stream);
+    case 256: return flash_fwd::run_flash_fwd_split<256, T>(p, slots, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -50,6 +65,38 @@ cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const v
   if (err != cudaSuccess || batch_heads == 0) return err;
   return dtype == AttnDtype::kFloat16 ? dispatch_head_dim<__half>(p, head_dim, batch_heads, stream)
                                       : dispatch_head_dim<__nv_bfloat16>(p, head_dim, batch_heads, stream);
+}
+
+cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
+                                float* workspace, int64_t num_splits, int64_t batch, int64_t heads_q,
+                                int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim,
+                                AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
+                                AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
+                                cudaStream_t stream) {
+  if (!attention_head_dim_supported(head_dim)) return cudaErrorInvalidValue;
+  if (dtype != AttnDtype::kFloat16 && dtype != AttnDtype::kBFloat16) return cudaErrorInvalidValue;
+  flash_fwd::Params p;
+  int batch_heads, slots;
+  cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride,
+                                           k_stride, v_stride, o_stride, scale, causal, causal_offset, p,
+                                           batch_heads);
+  if (err != cudaSuccess || batch_heads == 0) return err;
+  err = flash_fwd::make_split_params(workspace, num_splits, batch, heads_kv, p, slots);
+  if (err != cudaSuccess) return err;
+  err = dtype == AttnDtype::kFloat16 ? dispatch_split_head_dim<__half>(p, head_dim, slots, stream)
+                                     : dispatch_split_head_dim<__nv_bfloat16>(p, head_dim, slots, stream);
+  if (err != cudaSuccess) return err;
+  flash_fwd::MergeParams mp;
+  mp.partial = workspace;
+  mp.out = out;
+  mp.lse = lse;
+  mp.o_batch = o_stride.batch, mp.o_head = o_stride.head, mp.o_seq = o_stride.seq;
+  mp.rows = batch * heads_q * seqlen_q;
+  mp.num_parts = p.num_parts;
+  mp.heads_q = p.heads_q;
+  mp.seqlen_q = p.seqlen_q;
+  mp.num_splits = p.num_splits;
+  return flash_fwd::run_attention_merge(dtype, head_dim, mp, stream);
 }
 
 }  // namespace tiled_attn

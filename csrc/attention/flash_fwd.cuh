@@ -35,6 +35,17 @@ struct Params {
   int seqlen_q, seqlen_k;
   float scale_log2;  // softmax scale · log2 e: scores go to log2 units with one multiply
   bool causal;
+  // Split-KV (flash_fwd_kernel<Tr, T, true>, set by make_split_params; unused otherwise). A CTA owns
+  // the packed rows of one (batch, kv head) slot (row r: query r / group of query head
+  // kv head·group + r % group, so K/V are read once per GQA group) and keys
+  // [split·split_len, (split + 1)·split_len), and writes the rows' unnormalized partial state to
+  // `partial` (float32): acc [parts, D], then m [parts] (log2 units), then l [parts], with
+  // parts = B·Hq·Nq·num_splits and part (flat row (b·Hq + h)·Nq + i)·num_splits + split. The merge
+  // kernel (attention_merge.cu) folds a row's partials into out and lse.
+  float* partial;
+  int64_t num_parts;  // B·Hq·Nq·num_splits
+  int num_splits;
+  int split_len;  // a multiple of the kernel's kBlockN (the launcher sets it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -112,12 +123,30 @@ struct TileConfig<192> { using type = Cfg<128, 64, 8, 2, 0>; };
 template <>
 struct TileConfig<256> { using type = Cfg<64, 64, 4, 1, 0>; };
 
+// The split-KV (decode) tile per head dim: DecodeConfig<D>::type, run by flash_fwd_kernel<Tr, T, true>.
+// A decode step has Nq·group packed rows per (batch, kv head), 4 at Nq = 1 and GQA 32/8: one warp's
+// m16 tile holds them, so the CTA is one warp (a 128-row tile would do 32x the mma work for the same
+// bytes, and sit at the tensor pipe's ridge instead of far below it). kJoint with two stages: one K+V
+// tile in flight per CTA while the previous one is computed; smem (16 + 4·kBlockN)·(D + 8)·2 bytes =
+// 72 KiB at D = 128, three CTAs (three warps, three 32 KiB K+V tiles in flight) per SM. Not yet measured on
+// the H100. Mirrored in tiled_attn/configs.py CUDA_ATTENTION ("decode", "any", "*", D) (a test checks).
+template <int kHeadDim>
+struct DecodeConfig { using type = Cfg<16, 64, 1, 2, flag::kQRegs | flag::kFold | flag::kLean | flag::kJoint>; };
+template <>
+struct DecodeConfig<256> { using type = Cfg<16, 32, 1, 2, flag::kFold | flag::kLean | flag::kJoint>; };
+
 // Launch the kernel for head dim D and element type T (__half or __nv_bfloat16) over
 // `batch_heads` = B·Hq (query) heads with TileConfig<D> (TileConfig<D, true> when params.causal).
 // Defined in flash_fwd_launch.cuh, instantiated once per (D, T) in flash_fwd_hdim<D>.cu so the build
 // compiles the head dims in parallel.
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd(Params params, int batch_heads, cudaStream_t stream);
+
+// The split-KV launch: DecodeConfig<D> over `slots` = B·Hkv (batch, kv head) pairs, num_splits key
+// ranges each (params from make_split_params), writing params.partial. Defined in
+// flash_fwd_launch.cuh, instantiated next to run_flash_fwd in flash_fwd_hdim<D>.cu.
+template <int kHeadDim, typename T>
+cudaError_t run_flash_fwd_split(Params params, int slots, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Host-side checks and Params, shared by attention_fwd (flash_fwd.cu) and the sweep entry
@@ -170,6 +199,25 @@ inline cudaError_t make_params(const void* q, const void* k, const void* v, void
   p.scale_log2 = scale * kLog2e;
   p.causal = causal;
   batch_heads = static_cast<int>(batch * heads_q);
+  return cudaSuccess;
+}
+
+// The split-KV Params on top of make_params' (which `p` must already hold, with batch_heads > 0):
+// `partial` a 16-byte aligned float32 workspace of B·Hq·Nq·num_splits·(D + 2) floats
+// (attention_split_workspace_floats), `slots` = B·Hkv. The packed row index and the row limits are
+// ints: Nq·group + Nk must stay below INT_MAX.
+inline cudaError_t make_split_params(float* partial, int64_t num_splits, int64_t batch, int64_t heads_kv, Params& p,
+                                     int& slots) {
+  slots = 0;
+  if (partial == nullptr || num_splits < 1 || num_splits > 65535) return cudaErrorInvalidValue;  // grid.z
+  if (!aligned16(partial)) return cudaErrorMisalignedAddress;
+  if (int64_t{p.seqlen_q} * p.group + p.seqlen_k > INT_MAX - 256) return cudaErrorInvalidValue;
+  if (batch > INT_MAX / heads_kv) return cudaErrorInvalidValue;
+  p.partial = partial;
+  p.num_parts = batch * p.heads_q * int64_t{p.seqlen_q} * num_splits;
+  p.num_splits = static_cast<int>(num_splits);
+  p.split_len = 0;
+  slots = static_cast<int>(batch * heads_kv);
   return cudaSuccess;
 }
 

@@ -46,6 +46,7 @@
 #include <type_traits>
 
 #include "../online_softmax.cuh"
+#include "device_common.cuh"
 #include "flash_fwd.cuh"
 
 namespace tiled_attn {
@@ -101,29 +102,10 @@ struct Traits {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The PTX this kernel needs, one wrapper each. The host emulator defines the same names itself.
+// The PTX this kernel needs beyond device_common.cuh's, one wrapper each. The host emulator defines
+// the same names itself.
 // ---------------------------------------------------------------------------------------------
 #ifndef TILED_ATTN_EMULATION
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared, bypassing L1 (.cg: K/V are reused across CTAs through L2, not
-// within one). src-size 0 writes 16 zero bytes without reading `src`: the ragged rows past N.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-// The same for a row known to lie inside the tensor: no src-size operand, no predicate to form.
-__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Wait until at most N of this thread's commit groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -157,23 +139,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ void st_shared_b32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 __device__ __forceinline__ uint4 ld_shared_b128(const void* p) { return *static_cast<const uint4*>(p); }
 #endif  // TILED_ATTN_EMULATION
-
-// Two floats rounded to T and packed low-to-high: `lo` is the lower column (k) index, as both the A
-// fragment and a 4-byte store of adjacent columns expect.
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __half>::value) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return reinterpret_cast<uint32_t&>(v);
-  } else {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return reinterpret_cast<uint32_t&>(v);
-  }
-}
-
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
-}
 
 // Which 16-byte chunks of a kRows x D tile this thread copies: kThreadsPerRow threads share a row
 // (consecutive threads on consecutive chunks: coalesced), each taking every kThreadsPerRow-th chunk
@@ -274,19 +239,18 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
 // units first (one multiply each) and p = exp2(s − m); with kFold the max is taken on the raw scores
 // and p = exp2(s·c − m) in one FFMA (the launcher guarantees c = scale·log2 e > 0).
 // This thread holds, of m tile mi, rows g (hh = 0) and g + 8 (hh = 1), at key columns
-// key0 + 8·ni + e (e = 0, 1) with key0 = n0 + 2t.
-template <bool kMask, class Tr>
-__device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
-                                             float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
-                                             AttnRowState (&rs)[Tr::kMTiles][2], int limit_base, int seqlen_k,
-                                             int key0, float scale_log2) {
+// key0 + 8·ni + e (e = 0, 1) with key0 = n0 + 2t. Row (mi, hh) sees keys below row_limit(mi, hh).
+template <bool kMask, class Tr, class RowLimit>
+__device__ __forceinline__ void softmax_tile_rows(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
+                                                  float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
+                                                  AttnRowState (&rs)[Tr::kMTiles][2], const RowLimit& row_limit,
+                                                  int key0, float scale_log2) {
   float alpha[Tr::kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      // Row (mi, hh) sees keys below min(Nk, limit_base + 16·mi + 8·hh) (see limit_base in the kernel).
-      const int limit = min(seqlen_k, limit_base + mi * 16 + hh * 8);
+      const int limit = row_limit(mi, hh);
       float tile_max = -CUDART_INF_F;
 #pragma unroll
       for (int ni = 0; ni < Tr::kNTiles; ++ni) {
@@ -337,6 +301,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles
   }
 }
 
+// The forward's rows: row (mi, hh) sees keys below min(Nk, limit_base + 16·mi + 8·hh) (see limit_base
+// in the kernel).
+template <bool kMask, class Tr>
+__device__ __forceinline__ void softmax_tile(float (&s)[Tr::kMTiles][Tr::kNTiles][4],
+                                             float (&acc)[Tr::kMTiles][Tr::kDTiles][4],
+                                             AttnRowState (&rs)[Tr::kMTiles][2], int limit_base, int seqlen_k,
+                                             int key0, float scale_log2) {
+  softmax_tile_rows<kMask, Tr>(
+      s, acc, rs, [&](int mi, int hh) { return min(seqlen_k, limit_base + mi * 16 + hh * 8); }, key0, scale_log2);
+}
+
 // P (the probabilities in place of the scores) rounded to T and packed as the A fragments of P V.
 // P's C fragments of key n-tiles 2kk and 2kk+1 are exactly the A fragment of k step kk (a[0] = rows g,
 // keys 2t..: c[0..1] of tile 2kk; a[1] = rows g+8: c[2..3] of 2kk; a[2], a[3]: the same of tile
@@ -376,7 +351,14 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[Tr::kMTiles][Tr::kDTiles][4
   }
 }
 
-template <class Tr, typename T>
+// kSplit = false: the forward (grid: query tiles x (batch, query head)). kSplit = true: split-KV
+// (flash-decoding; grid: packed-row tiles x (batch, kv head) slots x key splits): the rows of a slot
+// are the (query, query head) pairs of its GQA group, row r = query r / group of query head
+// kv head·group + r % group (query-major, so row limits still grow with r), the CTA walks the keys of
+// its split only, and the epilogue writes the unnormalized partial state (Params::partial) instead of
+// out and lse. Everything that differs is behind `kSplit`: the forward's instantiation is the code it
+// was before the split existed.
+template <class Tr, typename T, bool kSplit = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* const sQ = reinterpret_cast<T*>(smem_raw);
@@ -391,23 +373,39 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   // 32-bit index math (B·Hq < 2^31, checked on the host): CTA-uniform, cheap, and it keeps the 64-bit
   // products below out of the registers the key loop needs.
+  // bh: (batch, query head), or under kSplit the (batch, kv head) slot; `head` is then the group's
+  // first query head.
   const int bh = p.bh_offset + static_cast<int>(blockIdx.y);
-  const int batch = bh / p.heads_q, head = bh - batch * p.heads_q;
-  const int head_kv = head / p.group;  // GQA/MQA by index: k/v are never repeated
+  const int heads = kSplit ? p.heads_q / p.group : p.heads_q;
+  const int batch = bh / heads, slot = bh - batch * heads;
+  const int head = kSplit ? slot * p.group : slot;
+  const int head_kv = kSplit ? slot : head / p.group;  // GQA/MQA by index: k/v are never repeated
   const int m0 = m_block * Tr::kBlockM;
-  const int rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
+  const int n_rows = kSplit ? p.seqlen_q * p.group : p.seqlen_q;  // rows of this (batch, head) or slot
+  const int rows_q = min(Tr::kBlockM, n_rows - m0);
 
-  const T* const gQ = static_cast<const T*>(p.q) + int64_t{batch} * p.q_batch + int64_t{head} * p.q_head + m0 * p.q_seq;
+  // Under kSplit: the slot's first query head, query 0 (its rows are gathered below).
+  const T* const gQ = static_cast<const T*>(p.q) + int64_t{batch} * p.q_batch + int64_t{head} * p.q_head +
+                      (kSplit ? 0 : m0) * p.q_seq;
   const T* const gK = static_cast<const T*>(p.k) + int64_t{batch} * p.k_batch + int64_t{head_kv} * p.k_head;
   const T* const gV = static_cast<const T*>(p.v) + int64_t{batch} * p.v_batch + int64_t{head_kv} * p.v_head;
 
-  // Row i sees keys j < limit(i): min(Nk, i + offset + 1) under the causal mask (none below 0).
+  // Row i sees keys j < limit(i): min(Nk, i + offset + 1) under the causal mask (none below 0), i
+  // the query of the row (under kSplit, packed row r is query r / group).
   auto row_limit = [&](int64_t i) -> int {
+    if constexpr (kSplit) i /= p.group;
     return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
   };
-  // Key tiles past the last row's limit are never loaded.
-  const int kv_end = row_limit(m0 + rows_q - 1);
-  const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
+  // Key tiles past the last row's limit are never loaded. Under kSplit the CTA's keys are
+  // [kv_lo, kv_end): its split's range (kv_lo a multiple of kBlockN) cut at that limit, empty for a
+  // split no row of the CTA sees (n_tiles = 0: the identity state is written).
+  int kv_lo = 0, kv_end = row_limit(m0 + rows_q - 1);
+  if constexpr (kSplit) {
+    const int64_t lo = int64_t{blockIdx.z} * p.split_len;
+    kv_lo = static_cast<int>(lo < p.seqlen_k ? lo : p.seqlen_k);
+    kv_end = static_cast<int>(clamp64(lo + p.split_len, kv_lo, kv_end > kv_lo ? kv_end : kv_lo));
+  }
+  const int n_tiles = (kv_end - kv_lo + Tr::kBlockN - 1) / Tr::kBlockN;
 
   // The CTA's first row has the smallest limit, so a tile ending at or before unmasked_end needs no
   // mask for any of its rows. (A per-warp bound would mask fewer tiles, but it is a per-thread
@@ -425,10 +423,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const int limit_base =
       p.causal ? static_cast<int>(clamp64(int64_t{m0} + warp_row0 + g + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
                : p.seqlen_k;
+  // Under kSplit a packed row's limit is not affine in the row: each of this thread's rows keeps its
+  // own (2·kMTiles registers; one at kBlockM = 16).
+  int packed_limit[kSplit ? Tr::kMTiles : 1][2];
+  if constexpr (kSplit) {
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) packed_limit[mi][hh] = row_limit(int64_t{m0} + warp_row0 + g + mi * 16 + hh * 8);
+  }
 
   // Tiles run from the last (iteration 0) to the first, so the masked ones come first. Tile `it`
   // lives in K slot it % kKSlots and V slot it % kVSlots.
-  auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
+  auto tile_key0 = [&](int it) { return kv_lo + (n_tiles - 1 - it) * Tr::kBlockN; };
   // This thread's first copy chunk (ChunkMap). The K/V source rows are formed per tile from the
   // CTA-uniform gK / gV (uniform registers) rather than kept as per-thread 64-bit pointers: the key
   // loop is register-bound at D = 128 (255 of 255).
@@ -487,13 +494,28 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   };
   // The per-warp skip only where it pays: the 256-row kSkew tiles (a 128-row CTA skips ~3% of its
   // causal work, and the extra register makes D = 128 spill under kJoint).
-  auto visible = [&](int it) { return !Tr::kSkew || tile_key0(it) < warp_kv_end; };
+  // Under kSplit a warp whose rows are all past the packed rows (a decode tile of several warps)
+  // skips the math too: only its share of the copies and the barriers remain.
+  auto visible = [&](int it) { return (!Tr::kSkew && !kSplit) || tile_key0(it) < warp_kv_end; };
+  // The softmax of a tile under kSplit (the forward's is written out at its two call sites).
+  auto softmax_packed = [&](Scores& s, int n0) {
+    if constexpr (kSplit) {
+      auto limit_of = [&](int mi, int hh) { return packed_limit[mi][hh]; };
+      if (n0 + Tr::kBlockN > unmasked_end) {
+        softmax_tile_rows<true, Tr>(s, acc, rs, limit_of, n0 + 2 * t, p.scale_log2);
+      } else {
+        softmax_tile_rows<false, Tr>(s, acc, rs, limit_of, n0 + 2 * t, p.scale_log2);
+      }
+    }
+  };
   // Q Kᵀ of tile it into s, then its softmax (masked where the tile needs it) into P fragments.
   auto qk_softmax = [&](PFrags& pa, int it) {
     Scores s;
     gemm_qk<Tr, T>(s, qf, q_lane, k_lane0 + (it % Tr::kKSlots) * Tr::kKVElems * 2);
     const int n0 = tile_key0(it);
-    if (n0 + Tr::kBlockN > unmasked_end) {
+    if constexpr (kSplit) {
+      softmax_packed(s, n0);
+    } else if (n0 + Tr::kBlockN > unmasked_end) {
       softmax_tile<true, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     } else {
       softmax_tile<false, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
@@ -502,7 +524,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   };
   auto pv = [&](const PFrags& pa, int it) { gemm_pv<Tr, T>(acc, pa, v_lane0 + (it % Tr::kVSlots) * Tr::kKVElems * 2); };
 
-  load_tile<Tr, Tr::kBlockM>(sQ + cp_smem, gQ + cp_row * p.q_seq + cp_col, p.q_seq, cp_row, rows_q);
+  if constexpr (kSplit) {
+    // Packed rows are not evenly spaced in q (query and head both vary): one source per row, formed
+    // once per CTA. Rows past the packed rows are zero-filled from the slot's first row.
+    using Map = ChunkMap<Tr>;
+#pragma unroll
+    for (int i = 0; i < Tr::kBlockM / Map::kRowsPerPass; ++i) {
+      const int r = cp_row + i * Map::kRowsPerPass;
+      const bool valid = r < rows_q;
+      const int qi = (m0 + r) / p.group, hq = m0 + r - qi * p.group;
+      const T* src = gQ + (valid ? int64_t{hq} * p.q_head + int64_t{qi} * p.q_seq : int64_t{0}) + cp_col;
+#pragma unroll
+      for (int j = 0; j < Map::kChunksPerThread; ++j) {
+        cp_async_16(smem_u32(sQ + cp_smem + i * Map::kRowsPerPass * Tr::kLd + j * Map::kThreadsPerRow * 8),
+                    src + j * Map::kThreadsPerRow * 8, valid);
+      }
+    }
+  } else {
+    load_tile<Tr, Tr::kBlockM>(sQ + cp_smem, gQ + cp_row * p.q_seq + cp_col, p.q_seq, cp_row, rows_q);
+  }
   if constexpr (Tr::kJoint) {
     // Commit groups, in order: {Q, K_0, V_0}, {K_1, V_1}, ...: tile i is group i (a group is committed
     // even when empty, which keeps the count uniform). The prologue issues tiles 0..P−1 (P =
@@ -593,7 +633,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       if (it + Tr::kStages < n_tiles) load_k(it + Tr::kStages);
       cp_async_commit();
       const int n0 = tile_key0(it);
-      if (n0 + Tr::kBlockN > unmasked_end) {
+      if constexpr (kSplit) {
+        softmax_packed(s, n0);
+      } else if (n0 + Tr::kBlockN > unmasked_end) {
         softmax_tile<true, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
       } else {
         softmax_tile<false, Tr>(s, acc, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
@@ -608,6 +650,36 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   // reading sQ before it is reused as the output staging tile.
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kSplit) {
+    // The partial state of each packed row: acc unnormalized (this thread's 2 columns of every n8
+    // tile, 8-byte stores: a row's quad writes 32 contiguous bytes per tile), m (log2 units) and the
+    // row's l. A split the row does not see stores the identity (acc 0, m -inf, l 0).
+    float* const part_m = p.partial + p.num_parts * Tr::kHeadDim;
+    float* const part_l = part_m + p.num_parts;
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        rs[mi][hh].l = warp_allreduce_sum<4>(rs[mi][hh].l);  // l was this thread's columns only
+        const int r = warp_row0 + mi * 16 + g + 8 * hh;
+        if (r < rows_q) {
+          const int qi = (m0 + r) / p.group, hq = head + (m0 + r - qi * p.group);
+          const int64_t part =
+              ((int64_t{batch} * p.heads_q + hq) * p.seqlen_q + qi) * p.num_splits + static_cast<int>(blockIdx.z);
+          float* const dst = p.partial + part * Tr::kHeadDim + 2 * t;
+#pragma unroll
+          for (int dn = 0; dn < Tr::kDTiles; ++dn) {
+            *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(acc[mi][dn][2 * hh], acc[mi][dn][2 * hh + 1]);
+          }
+          if (t == 0) {
+            part_m[part] = rs[mi][hh].m;
+            part_l[part] = rs[mi][hh].l;
+          }
+        }
+      }
+    }
+    return;
+  }
   T* const sO = sQ;
   float* const lse_row = p.lse + int64_t{bh} * p.seqlen_q + m0;
 #pragma unroll

@@ -8,39 +8,33 @@
 
 #include "flash_fwd.cuh"
 #include "flash_fwd_kernel.cuh"
+#include "launch_common.cuh"
 
 namespace tiled_attn {
 namespace flash_fwd {
 
-// grid.y is limited to 65535 (B·Hq can pass it): launch in slices of heads, each with its bh_offset.
-constexpr int kMaxGridY = 65535;
-
-// One kernel (Traits, dtype) over all heads.
+#ifndef TILED_ATTN_EMULATION
+// The emulator (tests/emulation/flash_fwd_emulator.cpp) supplies these two and runs the CTAs on the CPU.
 template <class Tr, typename T>
-cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t stream)
-#ifdef TILED_ATTN_EMULATION
-    ;  // tests/emulation/flash_fwd_emulator.cpp runs the CTAs on the CPU
-#else
-{
-  auto kernel = flash_fwd_kernel<Tr, T>;
-  constexpr int kSmem = Tr::kSmemBytes;
-  // Above 48 KB a kernel must opt in to its dynamic shared memory. Set on every call (a cheap host-side
-  // attribute write) so a second device or context never runs without it.
-  if (kSmem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-  }
+cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t stream) {
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  // grid.x = query tiles, fastest-varying: the CTAs resident together share one head's K/V in L2.
-  for (int64_t first = 0; first < batch_heads; first += kMaxGridY) {
-    params.bh_offset = static_cast<int>(first);
-    const dim3 grid(m_blocks, static_cast<unsigned>(std::min<int64_t>(kMaxGridY, batch_heads - first)));
-    kernel<<<grid, Tr::kThreads, kSmem, stream>>>(params);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return launch_sliced(flash_fwd_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, m_blocks, batch_heads, 1, params,
+                       stream);
 }
+
+// The split-KV kernel (flash_fwd_kernel<Tr, T, true>) over `slots` (batch, kv head) pairs: grid.x the
+// packed-row tiles (Nq·group rows), grid.y the slots, grid.z the key splits.
+template <class Tr, typename T>
+cudaError_t launch_split_kernel(Params params, int slots, cudaStream_t stream) {
+  const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q * params.group + Tr::kBlockM - 1) / Tr::kBlockM);
+  return launch_sliced(flash_fwd_kernel<Tr, T, true>, Tr::kThreads, Tr::kSmemBytes, m_blocks, slots,
+                       static_cast<unsigned>(params.num_splits), params, stream);
+}
+#else
+template <class Tr, typename T>
+cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t stream);
+template <class Tr, typename T>
+cudaError_t launch_split_kernel(Params params, int slots, cudaStream_t stream);
 #endif
 
 // The same configuration without flag::kFold: what a scale <= 0 (or NaN) runs, since max(c·s) is
@@ -65,6 +59,35 @@ cudaError_t run_flash_fwd(Params params, int batch_heads, cudaStream_t stream) {
     if (params.causal) return run_flash_fwd_cfg<kHeadDim, Causal, T>(params, batch_heads, stream);
   }
   return run_flash_fwd_cfg<kHeadDim, Plain, T>(params, batch_heads, stream);
+}
+
+// Keys per split: the keys any row can see (all of them, or up to the last query's causal limit)
+// over num_splits, rounded up to whole kBlockN tiles (so only a split's last tile can be ragged or
+// cut by the mask). Splits past the end are empty and write the identity state; the Python planner
+// (tiled_attn/cuda/attention.py split_plan) picks counts that leave none empty.
+template <int kBlockN>
+int split_len_for(const Params& p) {
+  const int64_t last_limit = std::max<int64_t>(int64_t{p.seqlen_q} + p.causal_offset, 0);  // query Nq − 1's
+  const int64_t seen = p.causal ? std::min<int64_t>(last_limit, p.seqlen_k) : p.seqlen_k;
+  const int64_t per_split = (seen + p.num_splits - 1) / p.num_splits;
+  const int64_t len = (per_split + kBlockN - 1) / kBlockN * kBlockN;
+  return static_cast<int>(len < kBlockN ? kBlockN : len);
+}
+
+template <int kHeadDim, class C, typename T>
+cudaError_t run_flash_fwd_split_cfg(Params params, int slots, cudaStream_t stream) {
+  params.split_len = split_len_for<C::kBlockN>(params);
+  if constexpr ((C::kFlags & flag::kFold) != 0) {
+    if (!(params.scale_log2 > 0.f)) {
+      return launch_split_kernel<Traits<kHeadDim, WithoutFold<C>>, T>(params, slots, stream);
+    }
+  }
+  return launch_split_kernel<Traits<kHeadDim, C>, T>(params, slots, stream);
+}
+
+template <int kHeadDim, typename T>
+cudaError_t run_flash_fwd_split(Params params, int slots, cudaStream_t stream) {
+  return run_flash_fwd_split_cfg<kHeadDim, typename DecodeConfig<kHeadDim>::type, T>(params, slots, stream);
 }
 
 }  // namespace flash_fwd

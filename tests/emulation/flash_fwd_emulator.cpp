@@ -5,6 +5,9 @@
 // Checked per case against a float64 reference: output and lse (rows with no visible key: exactly 0 and
 // -inf), no write outside out/lse's elements, and shared-memory hazards: a cp.async destination read
 // before its wait_group, or read / overwritten by another warp with no __syncthreads in between.
+// Split-KV cases (Case::splits > 0) run attention_fwd_split: the split kernel (flash_fwd_kernel<Tr, T,
+// true>, its grid.z the key splits) and the merge kernel (attention_merge.cuh), with the workspace
+// NaN-poisoned between guards: every partial must be written, nothing outside it.
 //
 // Build and run (CPU only; tests/test_cuda_attention_kernel.py does this):
 //   g++ -std=c++17 -O1 -Wno-attributes -I<cuda>/include -Icsrc -DTILED_ATTN_EMULATION
@@ -440,6 +443,7 @@ inline uint4 ld_shared_b128(const void* p) {
 }  // namespace flash_fwd
 }  // namespace tiled_attn
 
+#include "attention/attention_merge.cuh"
 #include "attention/flash_fwd_launch.cuh"
 #include "attention/sweep/flash_fwd_sweep.cuh"
 
@@ -466,9 +470,46 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
   }
   return cudaSuccess;
 }
+
+// The split-KV kernel's launch (flash_fwd_launch.cuh): the same grid, grid.z the key splits.
+template <class Tr, typename T>
+cudaError_t launch_split_kernel(Params params, int slots, cudaStream_t) {
+  if (Tr::kSmemBytes > emu::kMaxSmem) return cudaErrorInvalidValue;
+  emu::g_smem_bytes = Tr::kSmemBytes;
+  const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q * params.group + Tr::kBlockM - 1) / Tr::kBlockM);
+  for (int64_t first = 0; first < slots; first += kMaxGridY) {
+    params.bh_offset = static_cast<int>(first);
+    const unsigned gy = static_cast<unsigned>(std::min<int64_t>(kMaxGridY, slots - first));
+    const unsigned gz = static_cast<unsigned>(params.num_splits);
+    emu::g_grid_dim = {m_blocks, gy, gz};
+    for (unsigned bz = 0; bz < gz; ++bz) {
+      for (unsigned by = 0; by < gy; ++by) {
+        for (unsigned bx = 0; bx < m_blocks; ++bx) {
+          emu::g_block_idx = {bx, by, bz};
+          emu::run_block(Tr::kThreads, [&] { flash_fwd_kernel<Tr, T, true>(params); });
+        }
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+// The merge kernel's launch (attention_merge.cu): the same 1-D grid of kMergeThreads-thread blocks.
+template <int kHeadDim, typename T>
+cudaError_t launch_merge_kernel(const MergeParams& p, cudaStream_t) {
+  const int64_t blocks = (p.rows * (kHeadDim / 4) + kMergeThreads - 1) / kMergeThreads;
+  emu::g_smem_bytes = 0;
+  emu::g_grid_dim = {static_cast<unsigned>(blocks), 1, 1};
+  for (int64_t bx = 0; bx < blocks; ++bx) {
+    emu::g_block_idx = {static_cast<unsigned>(bx), 0, 0};
+    emu::run_block(kMergeThreads, [&] { attention_merge_kernel<kHeadDim, T>(p); });
+  }
+  return cudaSuccess;
+}
 }  // namespace flash_fwd
 }  // namespace tiled_attn
 
+#include "attention/attention_merge.cu"
 #include "attention/flash_fwd.cu"
 
 // ------------------------------------------------------------------------------------------------
@@ -492,6 +533,7 @@ struct Case {
   int64_t offset;  // causal offset
   bool bf16;
   double scale = 0;  // 0: 1/sqrt(d); kZeroScale: a softmax scale of exactly 0
+  int splits = 0;    // 0: attention_fwd; >= 1: attention_fwd_split with that many key splits
 };
 constexpr double kZeroScale = -0.0;  // a sentinel distinct from the default (checked with signbit)
 
@@ -503,8 +545,28 @@ using Launcher = std::function<cudaError_t(tiled_attn::AttnDtype, const void*, c
 cudaError_t via_attention_fwd(tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
                               float* lse, const Case& c, tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks,
                               tiled_attn::AttnStrides os, float scale) {
-  return tiled_attn::attention_fwd(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os, scale,
-                                   c.causal, c.offset, nullptr);
+  if (c.splits == 0) {
+    return tiled_attn::attention_fwd(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os,
+                                     scale, c.causal, c.offset, nullptr);
+  }
+  // Split-KV: the workspace NaN-poisoned (a partial the merge reads unwritten shows in the output)
+  // between guards that must stay untouched.
+  const int64_t floats = tiled_attn::attention_split_workspace_floats(c.b, c.hq, c.nq, c.d, c.splits);
+  const int guard = 64;
+  std::vector<float> ws(static_cast<size_t>(floats) + 2 * guard, std::nanf(""));
+  const std::vector<float> poison = ws;
+  const cudaError_t err =
+      tiled_attn::attention_fwd_split(dtype, q, k, v, out, lse, ws.data() + guard, c.splits, c.b, c.hq, c.hkv, c.nq,
+                                      c.nk, c.d, qs, ks, ks, os, scale, c.causal, c.offset, nullptr);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < guard; ++i) {
+    if (!std::isnan(ws[i]) || !std::isnan(ws[ws.size() - 1 - i])) emu::fail("split kernel wrote outside its workspace");
+  }
+  // Every partial written (acc, m, l of every row and split): none left NaN.
+  for (int64_t i = 0; i < floats; ++i) {
+    if (std::isnan(ws[guard + i])) emu::fail("workspace element " + std::to_string(i) + " not written by the split kernel");
+  }
+  return err;
 }
 
 // Sweep variant I through make_params and run_flash_fwd_cfg (so a kFold variant at scale <= 0 runs
@@ -630,10 +692,10 @@ bool run_case(const Case& c, std::mt19937& rng, const Launcher& launch, const ch
   // fp16/bf16 rounding of P and of the output: ~2^-11 / 2^-8 relative on O(1) values.
   const double tol = c.bf16 ? 2e-2 : 3e-3;
   const bool ok = max_err <= tol && max_lse_err <= 1e-3;
-  std::printf("%s %s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f  "
+  std::printf("%s %s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f splits=%d  "
               "max|out-ref|=%.2e  max|lse-ref|=%.2e\n",
               ok ? "ok  " : "FAIL", who, c.d, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
-              static_cast<long long>(c.offset), scale, max_err, max_lse_err);
+              static_cast<long long>(c.offset), scale, c.splits, max_err, max_lse_err);
   return ok;
 }
 
@@ -673,6 +735,37 @@ int main(int argc, char** argv) {
       cases.push_back({{1, 2, 1, 5, 0, d, false, 0, true}, true});
       cases.push_back({{1, 1, 1, 130, 65, d, true, 1 << 30, false}, false});
       cases.push_back({{1, 1, 1, 33, 65, d, true, -(1LL << 40), true}, false});
+    }
+    // Split-KV (attention_fwd_split: flash_fwd_kernel<Tr, T, true> and the merge kernel). Every head
+    // dim: Nq = 1 with GQA group 4 packed in one tile, and Nq = 3 causal where the last split is
+    // invisible to queries 0 and 1 (keys [128, 129) past their limits 127 and 128).
+    cases.push_back({{1, 4, 1, 1, 150, d, false, 0, bf, 0, 3}, false});
+    cases.push_back({{1, 4, 2, 3, 129, d, true, 129 - 3, !bf, 0, 3}, false});
+    if (d == 64 || d == 128) {
+      // Nq = 1, group 4 (B = 2, Hq = 8, Hkv = 2), ragged Nk, 1 to 7 splits (Nk = 1 with 2 splits and
+      // Nk = 239 with 7: splits past the keys, which write the identity).
+      const std::pair<int, int> decode[] = {{1, 1}, {1, 2}, {239, 1}, {239, 4}, {239, 7}, {799, 5}, {4099, 7}};
+      int n = 0;
+      for (const auto& [nk, splits] : decode) {
+        cases.push_back({{2, 8, 2, 1, nk, d, false, 0, (n++ % 2) != 0, 0, splits}, false});
+      }
+      // Nq = 1 bottom-right causal (sees every key), group 1 (MHA) and group 4
+      cases.push_back({{1, 2, 2, 1, 799, d, true, 799 - 1, bf, 0, 3}, false});
+      cases.push_back({{1, 4, 1, 1, 4099, d, true, 4099 - 1, !bf, 0, 6}, false});
+      // Nq = 3, group 4, bottom-right causal: 6 splits over 239 keys (4 of 64, 2 past the keys), 7 over
+      // 799 and 4099
+      cases.push_back({{1, 8, 2, 3, 239, d, true, 239 - 3, bf, 0, 6}, false});
+      cases.push_back({{1, 8, 2, 3, 799, d, true, 799 - 3, !bf, 0, 7}, false});
+      cases.push_back({{1, 4, 1, 3, 4099, d, true, 4099 - 3, bf, 0, 7}, false});
+      // Nq = 3, MQA group 8: 24 packed rows over two 16-row tiles; top-left causal (rows see 1-3 keys:
+      // splits 1-4 empty for every row), and non-causal with group 1
+      cases.push_back({{1, 8, 1, 3, 799, d, true, 0, !bf, 0, 5}, false});
+      cases.push_back({{2, 3, 3, 3, 239, d, false, 0, bf, 0, 2}, false});
+      // Nq > Nk: queries 0 and 1 see no key (output 0, lse -inf) in every split
+      cases.push_back({{1, 4, 2, 3, 1, d, true, 1 - 3, !bf, 0, 2}, false});
+      // negative and zero scale (the kFold sibling of the split kernel)
+      cases.push_back({{1, 4, 1, 1, 239, d, false, 0, bf, -0.3, 3}, false});
+      cases.push_back({{1, 4, 1, 3, 239, d, true, 239 - 3, !bf, kZeroScale, 3}, false});
     }
   }
   namespace ff = tiled_attn::flash_fwd;

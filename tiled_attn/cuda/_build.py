@@ -1,6 +1,7 @@
 """Build and load the csrc/ extension (DESIGN §2): one torch.utils.cpp_extension.load of
-csrc/bindings.cpp + csrc/softmax/*.cu + csrc/attention/*.cu, compiled on first use for the current
-device only, then cached (ninja rebuilds only what changed; a new arch gets its own build).
+csrc/bindings.cpp + csrc/softmax/*.cu + csrc/attention/*.cu (+ csrc/attention/sm90/*.cu, the wgmma
+forward, on compute capability 9.0 only), compiled on first use for the current device only, then
+cached (ninja rebuilds only what changed; a new arch gets its own build).
 
 Nothing here runs at import: importing tiled_attn never needs a compiler, and `is_available()` only
 looks for a device and an nvcc.
@@ -90,11 +91,20 @@ def arch_flags(capability: tuple[int, int]) -> list[str]:
     return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
 
 
-def sources(csrc: Path) -> tuple[list[Path], bool]:
-    """bindings.cpp, the softmax ladder and, when present, the attention kernel's .cu files."""
+def sources(csrc: Path, capability: tuple[int, int] | None = None) -> tuple[list[Path], bool]:
+    """bindings.cpp, the softmax ladder and, when present, the attention kernel's .cu files; for
+    compute capability 9.0 also the wgmma attention forward (csrc/attention/sm90/*.cu: sm_90a
+    instructions, so built for that arch only; with_sm90(capability) says whether they are in)."""
     softmax = sorted((csrc / "softmax").glob("*.cu"))
     attention = sorted((csrc / "attention").glob("*.cu"))
+    if attention and with_sm90(csrc, capability):
+        attention += sorted((csrc / "attention" / "sm90").glob("*.cu"))
     return [csrc / "bindings.cpp", *softmax, *attention], bool(attention)
+
+
+def with_sm90(csrc: Path, capability: tuple[int, int] | None) -> bool:
+    """Whether the build for `capability` includes the wgmma attention forward (csrc/attention/sm90/)."""
+    return tuple(capability or ()) == (9, 0) and any((csrc / "attention" / "sm90").glob("*.cu"))
 
 
 def _verbose() -> bool:
@@ -114,11 +124,12 @@ def _load(capability: tuple[int, int]):
         # (/usr/local/bin/nvcc) makes that guess /usr/local, which has no CUDA headers.
         cpp_extension.CUDA_HOME = str(home)
     csrc = csrc_dir()
-    srcs, with_attention = sources(csrc)
+    srcs, with_attention = sources(csrc, capability)
     define = f"-DTILED_ATTN_WITH_ATTENTION={int(with_attention)}"
+    define_sm90 = f"-DTILED_ATTN_WITH_SM90={int(with_attention and with_sm90(csrc, capability))}"
     # No --use_fast_math: the kernels' exp2f already lowers to one ex2.approx, the one division per
     # row must stay IEEE, and fast-math's flush-to-zero would change tiny probabilities.
-    cuda_flags = ["-O3", "-lineinfo", define, *arch_flags(capability)]
+    cuda_flags = ["-O3", "-lineinfo", define, define_sm90, *arch_flags(capability)]
     build_dir = os.environ.get("TILED_ATTN_BUILD_DIR")
     if build_dir:
         os.makedirs(build_dir, exist_ok=True)
@@ -127,7 +138,7 @@ def _load(capability: tuple[int, int]):
         return cpp_extension.load(
             name=f"{EXT_NAME}_sm{major}{minor}",
             sources=[str(s) for s in srcs],
-            extra_cflags=["-O3", define],
+            extra_cflags=["-O3", define, define_sm90],
             extra_cuda_cflags=cuda_flags,
             extra_include_paths=[str(csrc)],
             build_directory=build_dir,

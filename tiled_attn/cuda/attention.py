@@ -15,14 +15,47 @@ gets a temporary that is copied back.
 Tile shapes per head dim (and per causal launch where they differ) live in
 csrc/attention/flash_fwd.cuh (TileConfig, compile-time: the templates need them) and are mirrored in
 configs.CUDA_ATTENTION; `tile_config(d, causal=...)` returns that row.
+
+Split-KV (flash-decoding) for short queries against long keys: `split_plan` picks it from the
+("decode", "any", "*", D) row of configs.CUDA_ATTENTION when Nq·group <= max_rows (group = Hq/Hkv)
+and Nk >= min_keys. One CTA (DecodeConfig<D> in flash_fwd.cuh: one warp, a 16-row mma tile) owns
+the Nq·group rows of one (batch, kv head), packed as (query, query head) pairs, so each K/V tile is
+read once per GQA group instead of once per query head, and one key range of `num_splits`; it writes
+the rows' unnormalized partial state (acc float32 [D], m, l) to a float32 workspace of
+B·Hq·Nq·num_splits·(D + 2) elements (torch.empty on the current stream: no N×N buffer). A second
+kernel (csrc/attention/attention_merge.cuh) merges each row's partials max-first with the header's
+merge verbs (online_softmax.cuh AttnRowState::merge_max / merge_add) and writes out and lse; a split
+a row does not see (causal, or past the keys) is the identity state and adds nothing, and a row with
+no visible key at all gets output 0 and lse -inf. num_splits: enough CTAs to fill every SM's
+resident slots once (slots from the tile's shared memory), no split shorter than min_split_keys keys,
+and none left empty. Both launches go on the current stream with no host sync and no data-dependent
+host logic (the plan depends on shapes only), so a decode step can be captured in a CUDA graph. The
+decode suite's "cuda" provider (benchmarks/suite_decode.py: Nq = 1, Hq = 32, Hkv = 8, D = 128) runs
+this path. Verified on the CPU emulator (tests/emulation/flash_fwd_emulator.cpp); NOT YET MEASURED
+ON THE H100: its speed and the heuristics' values are predictions (flash_fwd.cuh's DecodeConfig).
+`attention_forward(..., num_splits=)` forces a choice (tests).
+
+The wgmma forward (csrc/attention/sm90/, sm_90a only): a second forward kernel on Hopper's warpgroup
+MMA (wgmma.mma_async m64nNk16 for Q·Kᵀ and P·V, operands read from 128-byte-swizzled shared memory
+through matrix descriptors, two consumer warpgroups of 64 query rows; flash_fwd_sm90_kernel.cuh says
+more), for head dims 64, 128, 256 in fp16/bf16. Compiled into the extension only on compute
+capability 9.0. Which kernel a launch runs: `attention_forward(..., kernel="mma" | "wgmma")`, else
+`forced_kernel(...)` (a context manager: the tests' and benchmarks' hook, since ta.attention has no
+such argument), else the "kernel" field of the tile_config row ("mma" where absent: today every row,
+so the default is unchanged). A forced "wgmma" runs the wgmma kernel for every shape (no split-KV
+plan); a ValueError names the argument on a device other than sm_90 or another head dim. Verified on
+the CPU emulator (tests/emulation/flash_fwd_sm90_emulator.cpp); NOT YET MEASURED ON THE H100.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from .. import configs
 
-__all__ = ["HEAD_DIMS", "DTYPES", "require_attention", "attention_forward", "tile_config"]
+__all__ = ["HEAD_DIMS", "DTYPES", "require_attention", "attention_forward", "tile_config", "decode_config",
+           "split_plan", "KERNELS", "SM90_HEAD_DIMS", "forced_kernel", "select_kernel"]
 
 # What the templates instantiate (csrc/attention/flash_fwd_hdim*.cu); attention_head_dim_supported
 # in the extension is the C++ side of the same list.
@@ -68,6 +101,102 @@ def tile_config(d: int, device: torch.device | None = None, causal: bool = False
     return configs.lookup(configs.CUDA_ATTENTION, ("fwd", arch, "*", d), "CUDA attention")
 
 
+def decode_config(d: int, device: torch.device | None = None) -> dict:
+    """The ("decode", arch, "*", d) row of CUDA_ATTENTION: the split-KV tile (a mirror of
+    DecodeConfig<d> in flash_fwd.cuh) and the split heuristics."""
+    arch = configs.arch(device) if device is not None else "any"
+    return configs.lookup(configs.CUDA_ATTENTION, ("decode", arch, "*", d), "CUDA attention")
+
+
+# The H100's shared memory per SM (228 KB) and what the runtime reserves per CTA (1 KB).
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_CTA = 1024
+
+
+def _smem_bytes(cfg: dict, d: int) -> int:
+    """The split tile's dynamic shared memory: (block_m + 2·stages·block_n)·(D + 8)·2 bytes."""
+    return (cfg["block_m"] + 2 * cfg["stages"] * cfg["block_n"]) * (d + 8) * 2
+
+
+def split_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool, causal_offset: int,
+               sm_count: int, cfg: dict) -> int:
+    """0: the forward kernel; S >= 1: the split-KV path with S key splits (`cfg`: decode_config(d)).
+
+    Split when the packed rows of a (batch, kv head), Nq·Hq/Hkv, fit max_rows and Nk >= min_keys.
+    S fills the SMs' resident CTA slots once (ctas_per_sm from the tile's shared memory, at most
+    max_ctas_per_sm) over the B·Hkv·ceil(rows / block_m) row tiles, keeps every split at least
+    min_split_keys keys, and is then cut so that no split is empty: the kernel's split length
+    (flash_fwd_launch.cuh split_len_for) is the keys any row sees over S, rounded up to block_n."""
+    rows = nq * (hq // hkv)
+    if rows > cfg["max_rows"] or nk < cfg["min_keys"]:
+        return 0
+    seen = min(max(nq + causal_offset, 0), nk) if causal else nk
+    if seen == 0:
+        return 0  # every row is empty: the forward kernel writes 0 / -inf without a workspace
+    ctas_per_sm = min(cfg["max_ctas_per_sm"], SMEM_PER_SM // (_smem_bytes(cfg, d) + SMEM_RESERVED_PER_CTA))
+    tiles = b * hkv * -(-rows // cfg["block_m"])
+    splits = max(1, ctas_per_sm * sm_count // tiles)
+    splits = min(splits, max(1, -(-seen // cfg["min_split_keys"])))
+    split_len = -(-(-(-seen // splits)) // cfg["block_n"]) * cfg["block_n"]
+    return -(-seen // split_len)
+
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+# ---- kernel selection: mma.sync (flash_fwd_kernel.cuh) or wgmma (sm90/flash_fwd_sm90_kernel.cuh) ----
+KERNELS = ("mma", "wgmma")
+# What csrc/attention/sm90/flash_fwd_sm90_hdim*.cu instantiate (attention_sm90_head_dim_supported).
+SM90_HEAD_DIMS = (64, 128, 256)
+_forced: list = [None]  # forced_kernel's value (a list: no `global` statement)
+
+
+@contextlib.contextmanager
+def forced_kernel(kernel: str | None):
+    """Within the block, attention_forward calls without kernel= run `kernel` ("mma" | "wgmma"; None:
+    the config row's). The hook through which tests and benchmarks force the wgmma kernel behind
+    ta.attention(..., backend="cuda")."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
+    previous = _forced[0]
+    _forced[0] = kernel
+    try:
+        yield
+    finally:
+        _forced[0] = previous
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> str:
+    """The forward kernel for q: `kernel` if given, else the "kernel" field of q's tile_config row
+    ("mma" where the row has none). ValueError, naming the argument, for an unknown name, or for
+    "wgmma" on a device other than compute capability 9.0 or a head dim it does not instantiate."""
+    d = q.shape[-1]
+    if kernel is None:
+        kernel = tile_config(d, q.device, causal=causal).get("kernel", "mma") if d in HEAD_DIMS else "mma"
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
+    if kernel == "wgmma":
+        cap = _capability(q.device)
+        if cap != (9, 0):
+            where = f"compute capability {cap[0]}.{cap[1]}" if cap else q.device.type
+            raise ValueError(f"kernel='wgmma' needs an sm_90 (Hopper) CUDA device, got {where} ({q.device}); "
+                             "use kernel='mma'")
+        if d not in SM90_HEAD_DIMS:
+            raise ValueError(f"kernel='wgmma' supports head dims {SM90_HEAD_DIMS}, got D={d}; use kernel='mma'")
+    return kernel
+
+
 def _kernel_ready(t: torch.Tensor, sizes) -> bool:
     """16-byte chunks apply: contiguous last dim, aligned base, strides in multiples of 8 elements
     on every dim that has more than one index."""
@@ -81,13 +210,25 @@ def _kernel_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                      scale: float, causal: bool, causal_offset: int) -> None:
+                      scale: float, causal: bool, causal_offset: int, *, num_splits: int | None = None,
+                      kernel: str | None = None) -> None:
     """Fill `out` (B, Hq, Nq, D) and `lse` (B, Hq, Nq) float32 with attention and its log-sum-exp.
 
     With `causal`, query i sees key j iff j <= i + causal_offset; a row that sees no key gets output
-    0 and lse -inf. Launches on the current stream of q's device.
+    0 and lse -inf. Launches on the current stream of q's device. `num_splits` (a test hook): None
+    plans (split_plan), 0 forces the forward kernel, n >= 1 the split-KV path with n key splits
+    (splits past the keys included: they write the identity state). `kernel`: "mma" | "wgmma" | None
+    (forced_kernel's, else the config row's; see the module docstring); a forced "wgmma" takes no
+    split (num_splits must be None or 0).
     """
     require_attention(q)
+    forced = kernel if kernel is not None else _forced[0]
+    kernel = select_kernel(forced, q, bool(causal))
+    if kernel == "wgmma" and forced is not None:
+        if num_splits not in (None, 0):
+            raise ValueError(f"num_splits must be None or 0 with kernel='wgmma' (it has no split-KV path), "
+                             f"got {num_splits!r}")
+        num_splits = 0
     b, hq, nq, d = q.shape
     if b * hq * nq == 0:
         return
@@ -101,9 +242,27 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     lse_k = lse if lse.is_contiguous() and lse.dtype == torch.float32 else torch.empty(
         b, hq, nq, dtype=torch.float32, device=lse.device)
     ext = _extension(q.device)
+    if num_splits is None:
+        num_splits = split_plan(b, hq, k.shape[1], nq, k.shape[2], d, bool(causal), int(causal_offset),
+                                _sm_count(q.device), decode_config(d, q.device))
+    elif not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= 65535:
+        raise ValueError(f"num_splits must be None or an int in [0, 65535], got {num_splits!r}")
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _call(ext.attention_fwd, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset), stream)
+        if num_splits == 0 and kernel == "wgmma":
+            if not getattr(ext, "has_attention_sm90", False):
+                raise RuntimeError("the CUDA extension was built without the wgmma attention kernel "
+                                   "(csrc/attention/sm90/): rebuild it on an sm_90 device")
+            _call(ext.attention_fwd_sm90, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset),
+                  stream)
+        elif num_splits == 0:
+            _call(ext.attention_fwd, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset), stream)
+        else:
+            # The partials of every (row, split): allocated on the current stream, read by the merge
+            # launched right after on the same stream.
+            workspace = torch.empty(b * hq * nq * num_splits * (d + 2), dtype=torch.float32, device=q.device)
+            _call(ext.attention_fwd_split, q, k, v, out_k, lse_k, workspace, num_splits, float(scale), bool(causal),
+                  int(causal_offset), stream)
     if out_k is not out:
         out.copy_(out_k)
     if lse_k is not lse:

@@ -1,0 +1,216 @@
+"""The wgmma attention forward (csrc/attention/sm90/, sm_90a), beside the mma.sync kernel.
+
+On a machine without a GPU:
+1. configs.CUDA_ATTENTION's ("fwd_wgmma", "sm90", "*", D) rows mirror flash_fwd_sm90::Traits, the
+   instantiated head dims (flash_fwd_sm90_hdim*.cu, attention_sm90_head_dim_supported,
+   cuda.attention.SM90_HEAD_DIMS) agree, and every existing forward row still runs the mma kernel.
+2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only; bindings.cpp compiles
+   with the wgmma entry bound (slow: torch's headers).
+3. The kernel itself, unchanged, runs in tests/emulation/flash_fwd_sm90_emulator.cpp: every CUDA thread
+   a CPU fiber; wgmma (descriptors, swizzled canonical layouts, register fragments, fence / commit /
+   wait semantics), cp.async, fence.proxy.async, shfl and __syncthreads emulated from the PTX ISA;
+   float64 reference on ragged sizes, causal, GQA/MQA, empty rows, no keys, negative scale; race and
+   proxy checks. ~15 s for the three head dims.
+4. kernel selection errors (ValueError naming the argument) without a GPU.
+On an H100 (skipped elsewhere): ta.attention(..., backend="cuda") with the wgmma kernel forced, the
+DESIGN §4 rule against float64 over the issue's shape grid (tests/test_attention.py's helpers).
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+import torch
+
+import tiled_attn as ta
+from tiled_attn import configs
+from tiled_attn.cuda import _build
+from tiled_attn.cuda import attention as cuda_attention
+
+from helpers import HAS_CUDA, INTERPRET, backend_available, fresh_seed
+from test_attention import DT, HEADS, SHAPES, _check, _qkv
+from test_cuda_attention_kernel import _cuda_include
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CSRC = ROOT / "csrc"
+SM90 = CSRC / "attention" / "sm90"
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. tables
+# ------------------------------------------------------------------------------------------------
+def _traits() -> dict:
+    """kWarpGroups, kStages and kBlockN(D) of flash_fwd_sm90::Traits."""
+    text = (SM90 / "flash_fwd_sm90_kernel.cuh").read_text()
+    wgs = int(re.search(r"kWarpGroups = (\d+);", text).group(1))
+    stages = int(re.search(r"kStages = (\d+);", text).group(1))
+    m = re.search(r"kBlockN = kHeadDim <= (\d+) \? (\d+) : (\d+);", text)
+    assert m, "kBlockN's formula changed: update this test"
+    limit, small_d, large_d = (int(x) for x in m.groups())
+    return {"warpgroups": wgs, "stages": stages, "block_n": lambda d: small_d if d <= limit else large_d}
+
+
+def test_wgmma_rows_mirror_the_traits():
+    t = _traits()
+    rows = {k[3]: r for k, r in configs.CUDA_ATTENTION.items() if k[0] == "fwd_wgmma"}
+    assert tuple(sorted(rows)) == cuda_attention.SM90_HEAD_DIMS
+    for d, row in rows.items():
+        assert row == {"kernel": "wgmma", "block_m": 64 * t["warpgroups"], "block_n": t["block_n"](d),
+                       "warpgroups": t["warpgroups"], "stages": t["stages"], "swizzle": 128}, d
+    files = sorted(int(p.stem.removeprefix("flash_fwd_sm90_hdim")) for p in SM90.glob("flash_fwd_sm90_hdim*.cu"))
+    assert tuple(files) == cuda_attention.SM90_HEAD_DIMS
+    src = (SM90 / "flash_fwd_sm90.cu").read_text()
+    supported = src[src.index("bool attention_sm90_head_dim_supported"):src.index("namespace {")]
+    assert tuple(int(c) for c in re.findall(r"case (\d+):", supported)) == cuda_attention.SM90_HEAD_DIMS
+    assert set(cuda_attention.SM90_HEAD_DIMS) <= set(cuda_attention.HEAD_DIMS)
+
+
+def test_default_kernel_is_still_mma():
+    """Until the H100 has measured the wgmma kernel, no forward row selects it."""
+    for key, row in configs.CUDA_ATTENTION.items():
+        if key[0] == "fwd":
+            assert row.get("kernel", "mma") == "mma", key
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. build
+# ------------------------------------------------------------------------------------------------
+def test_sources_take_sm90_only_on_hopper():
+    sm90 = {p.name for p in SM90.glob("*.cu")}
+    assert sm90 >= {"flash_fwd_sm90.cu", "flash_fwd_sm90_hdim128.cu"}
+    for cap, want in (((9, 0), True), ((8, 0), False), ((10, 0), False), (None, False)):
+        srcs, with_attention = _build.sources(CSRC, cap)
+        assert with_attention
+        assert (sm90 <= {p.name for p in srcs}) == want, cap
+        assert _build.with_sm90(CSRC, cap) == want
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None,
+                    reason="needs g++ and the CUDA headers (cuda_runtime.h)")
+def test_bindings_compile_with_the_wgmma_entry():
+    from torch.utils import cpp_extension
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w", "-DTILED_ATTN_WITH_ATTENTION=1", "-DTILED_ATTN_WITH_SM90=1",
+           "-DTORCH_EXTENSION_NAME=tiled_attn_cuda", f"-I{sysconfig.get_paths()['include']}",
+           f"-I{_cuda_include()}", f"-I{CSRC}", *[f"-I{p}" for p in cpp_extension.include_paths()],
+           str(CSRC / "bindings.cpp")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. the kernel in the emulator
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> pathlib.Path:
+    cxx = shutil.which("g++")
+    include = _cuda_include()
+    if cxx is None or include is None:
+        pytest.skip("the kernel emulator needs g++ and the CUDA headers")
+    exe = tmp_path_factory.mktemp("emu") / "flash_fwd_sm90_emulator"
+    cmd = [cxx, "-std=c++17", "-O1", "-Wno-attributes", f"-I{include}", f"-I{CSRC}", "-DTILED_ATTN_EMULATION",
+           str(ROOT / "tests" / "emulation" / "flash_fwd_sm90_emulator.cpp"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe
+
+
+@pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
+def test_kernel_in_the_emulator(emulator, head_dim):
+    seed = fresh_seed()
+    r = subprocess.run([str(emulator), str(head_dim), str(seed)], capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (f"[seed={seed}] emulated wgmma kernel failed for D={head_dim}:\n"
+                               f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
+    assert re.search(r"^0 of \d+ cases failed$", r.stdout, re.M) and r.stdout.count("\nok ") >= 10, r.stdout[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. selection errors (no GPU needed)
+# ------------------------------------------------------------------------------------------------
+def test_kernel_argument_errors(monkeypatch):
+    q = torch.zeros(1, 1, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"kernel must be one of \('mma', 'wgmma'\) or None, got 'hgmma'"):
+        cuda_attention.select_kernel("hgmma", q)
+    with pytest.raises(ValueError, match=r"kernel='wgmma' needs an sm_90 \(Hopper\) CUDA device, got cpu"):
+        cuda_attention.select_kernel("wgmma", q)
+    with pytest.raises(ValueError, match=r"kernel must be one of"):
+        with cuda_attention.forced_kernel("tcgen05"):
+            pass
+    assert cuda_attention.select_kernel(None, q) == "mma"
+    assert cuda_attention.select_kernel("mma", q) == "mma"
+    # The config row's field is what kernel=None reads.
+    key = ("fwd", "any", "*", 128)
+    monkeypatch.setitem(configs.CUDA_ATTENTION, key, {**configs.CUDA_ATTENTION[key], "kernel": "wgmma"})
+    with pytest.raises(ValueError, match=r"kernel='wgmma' needs an sm_90"):
+        cuda_attention.select_kernel(None, q)
+    with cuda_attention.forced_kernel("wgmma"):
+        assert cuda_attention._forced[0] == "wgmma"
+    assert cuda_attention._forced[0] is None
+
+
+def test_head_dim_error_on_hopper(monkeypatch):
+    monkeypatch.setattr(cuda_attention, "_capability", lambda device: (9, 0))  # as if on an H100
+    with pytest.raises(ValueError, match=r"kernel='wgmma' supports head dims \(64, 128, 256\), got D=96"):
+        cuda_attention.select_kernel("wgmma", torch.zeros(1, 1, 4, 96, dtype=torch.float16))
+    assert cuda_attention.select_kernel("wgmma", torch.zeros(1, 1, 4, 256, dtype=torch.float16)) == "wgmma"
+
+
+# ------------------------------------------------------------------------------------------------
+# On the GPU: the wgmma kernel forced behind ta.attention(..., backend="cuda")
+# ------------------------------------------------------------------------------------------------
+def _hopper() -> bool:
+    return HAS_CUDA and not INTERPRET and torch.cuda.get_device_capability() == (9, 0)
+
+
+GPU = pytest.mark.skipif(not _hopper() or not backend_available("cuda"),
+                         reason="the wgmma kernel runs on an sm_90 (Hopper) CUDA device with the extension built")
+GRID = [pytest.param(shape, d, causal, heads, dtype,
+                     id=f"{shape[0]}x{shape[1]}-{d}-{'causal' if causal else 'full'}-{heads}-{DT[dtype]}")
+        for shape in SHAPES for d in cuda_attention.SM90_HEAD_DIMS for causal in (False, True)
+        for heads in HEADS for dtype in (torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("shape,d,causal,heads,dtype", GRID)
+def test_wgmma_grid(shape, d, causal, heads, dtype, seed):
+    nq, nk = shape
+    hq, hkv = HEADS[heads]
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, hq, hkv, nq, nk, d, dtype, "cuda", gen)
+    with cuda_attention.forced_kernel("wgmma"):
+        out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+    what = f"wgmma B=2 H={hq}/{hkv} Nq={nq} Nk={nk} D={d} {DT[dtype]} causal={causal}"
+    _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed, what)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+def test_wgmma_strided_views_and_offsets(d, seed):
+    """q/k/v split from one packed (B, N, 3, H, D) projection (read in place), causal offsets that
+    leave rows empty, and the explicit kernel= argument of attention_forward."""
+    gen = torch.Generator().manual_seed(seed)
+    b, n, h = 2, 300, 4
+    qkv = torch.randn(b, n, 3, h, d, generator=gen).to(torch.bfloat16).cuda()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    for offset in (-120, 0, 77):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+        cuda_attention.attention_forward(q, k, v, out, lse, 1.0 / math.sqrt(d), True, offset, kernel="wgmma")
+        _check(out, lse, q, k, v, True, offset, 1.0 / math.sqrt(d), seed, f"wgmma packed D={d} offset={offset}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or INTERPRET or _hopper() or not backend_available("cuda"),
+                    reason="the wrong-arch error needs a CUDA device other than sm_90")
+def test_wgmma_refused_off_hopper():
+    q = torch.zeros(1, 1, 4, 128, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match=r"kernel='wgmma' needs an sm_90"):
+        with cuda_attention.forced_kernel("wgmma"):
+            ta.attention(q, q, q, backend="cuda")
