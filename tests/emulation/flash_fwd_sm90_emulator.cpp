@@ -20,7 +20,7 @@
 //     cp.async, must have been fenced by its writer, and a barrier must separate the write and the read),
 //     st.shared / ld.shared, shfl.xor, bar.sync (__syncthreads), with the race checks of
 //     flash_fwd_emulator.cpp (a read of data another warp wrote, or a write over data another warp read,
-//     with no barrier in between).
+//     with no barrier in between); that machinery, the fibers and the case checks are emu_common.h's.
 // The dynamic shared memory window starts at a random 16-byte-aligned address (not 1024-aligned), so
 // a kernel that relies on the allocation's alignment for its 128-byte swizzle atoms fails here.
 // Each CUDA thread is a ucontext fiber; a collective waits for its warp's (warpgroup's) threads, then
@@ -35,291 +35,43 @@
 // (register fragments, shared memory matrix layout, matrix descriptor, strides, wgmma.fence /
 // commit_group / wait_group) and "Memory Consistency Model" (proxies); CUTLASS's canonical-layout
 // table (cute/atom/mma_traits_sm90_gmma.hpp, make_gmma_desc) was read to cross-check LBO / SBO roles.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <ucontext.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
-#include <random>
-#include <stdexcept>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
 
-// ------------------------------------------------------------------------------------------------
-// Device built-ins the kernel and online_softmax.cuh use, on the host.
-// ------------------------------------------------------------------------------------------------
-inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
-inline int min(int a, int b) { return a < b ? a : b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
+#define EMU_KERNEL_NAMESPACE flash_fwd_sm90
+#include "emu_common.h"
 
 namespace emu {
-constexpr int kMaxSmem = 232448;         // the sm90 per-block opt-in limit (227 KB)
-constexpr int kWindow = kMaxSmem + 1024;  // shared addresses: [base, base + bytes) with base < 1024
-}  // namespace emu
-
-// The kernel's `extern __shared__ unsigned char smem_raw[]` (a block-scope extern in this namespace).
-namespace tiled_attn {
-namespace flash_fwd_sm90 {
-alignas(16) unsigned char smem_raw[emu::kMaxSmem];
-}  // namespace flash_fwd_sm90
-}  // namespace tiled_attn
-
-namespace emu {
-
-[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
-
-unsigned char* const g_dyn = tiled_attn::flash_fwd_sm90::smem_raw;
-uint32_t g_base = 0;    // shared-space address of smem_raw[0] this launch (16-byte aligned, < 1024)
-int g_smem_bytes = 0;   // this launch's dynamic shared memory
-int g_epoch = 0;        // __syncthreads completed in this block
-
-// Host pointer of a shared address (checked against the allocation).
-unsigned char* host(uint32_t addr, int bytes, const char* what) {
-  if (addr < g_base || addr + bytes > g_base + static_cast<uint32_t>(g_smem_bytes))
-    fail(std::string(what) + ": shared address " + std::to_string(addr) + " outside the dynamic allocation");
-  return g_dyn + (addr - g_base);
-}
-
-struct ByteState {
-  int write_epoch = -1, writer_warp = -1, writer_tid = -1;  // last completed write
-  bool async_write = false;    // by cp.async: visible to any thread only after a barrier
-  bool proxy_visible = false;  // the writer ran fence.proxy.async after the write (wgmma may read it)
-  int read_epoch = -1, reader_warp = -1;  // last generic read (-2: several warps, or a warpgroup's wgmma)
-  int pending = 0;             // cp.async issued and not yet complete
-  int wgmma_readers = 0;       // wgmma ops in flight that read this byte
-};
-std::vector<ByteState> g_bytes(kWindow);
-
-struct Buffer {
-  const char* begin;
-  size_t bytes;
-};
-std::vector<Buffer> g_inputs;  // q, k, v: where cp.async may read
-
-struct Copy {
-  uint32_t dst;
-  const void* src;
-  bool pred;
-};
 
 struct WgmmaOp;  // below
 
-struct Fiber {
-  ucontext_t ctx;
-  std::vector<char> stack;
-  int tid = 0;
-  bool done = false, blocked = false;
-  std::vector<Copy> open_group;
-  std::deque<std::vector<Copy>> groups;  // cp.async groups committed, not complete
-  std::vector<uint32_t> unfenced;        // 16/4-byte chunks this thread wrote since its last proxy fence
-  // wgmma state
-  bool fenced = false;                                     // wgmma.fence since the last wait (or start)
-  std::vector<std::shared_ptr<WgmmaOp>> wg_open;           // issued, not committed
+// Per thread: its wgmma state (beside emu_common.h's Fiber).
+struct WgState {
+  bool fenced = false;                                          // wgmma.fence since the last wait (or start)
+  std::vector<std::shared_ptr<WgmmaOp>> wg_open;                // issued, not committed
   std::deque<std::vector<std::shared_ptr<WgmmaOp>>> wg_groups;  // committed, not complete
-  std::map<float*, int> acc_in_flight;                     // accumulator array -> ops in flight on it
+  std::map<float*, int> acc_in_flight;                          // accumulator array -> ops in flight on it
 };
+std::vector<WgState> g_wg;                        // per thread of the block
+std::vector<Collective> g_warpgroups;             // per warpgroup: its wgmma rendezvous
+std::vector<std::shared_ptr<WgmmaOp>> g_wg_made;  // per warpgroup: a wgmma collective's op, handed from
+                                                  // the computing thread to the others
 
-struct Collective {  // one warp's or warpgroup's rendezvous
-  int arrived = 0;
-  long generation = 0;
-  std::string op;
-  std::vector<std::vector<uint32_t>> in_u;
-  std::vector<std::vector<float>> in_f;
-  std::vector<std::vector<float>> out_f;
-  std::vector<uint64_t> in_l;
-  std::shared_ptr<WgmmaOp> made;  // a wgmma collective's op, handed from the computing thread to the others
-};
+inline WgState& cur_wg() { return g_wg[cur().tid]; }
 
-std::vector<Fiber> g_fibers;
-std::vector<Collective> g_warps, g_warpgroups;
-int g_cur = -1;
-ucontext_t g_sched;
-int g_barrier_arrived = 0;
-long g_barrier_generation = 0;
-std::mt19937 g_sched_rng(1234);
-uint3 g_block_idx, g_grid_dim;
-
-inline Fiber& cur() { return g_fibers[g_cur]; }
-inline int cur_warp() { return cur().tid / 32; }
-inline int cur_lane() { return cur().tid % 32; }
-
-void yield_blocked() {
-  cur().blocked = true;
-  swapcontext(&cur().ctx, &g_sched);
+// The hooks of emu_common.h.
+void on_barrier() {
+  if (!cur_wg().wg_open.empty()) fail("__syncthreads with uncommitted wgmma ops");
 }
-
-void check_byte_read(uint32_t addr, const char* what) {
-  ByteState& b = g_bytes[addr];
-  if (b.pending) fail(std::string(what) + ": reads a cp.async destination before its wait_group + barrier");
-  if (b.write_epoch == g_epoch && (b.async_write || b.writer_warp != cur_warp()))
-    fail(std::string(what) + ": reads data written by cp.async or by another warp with no __syncthreads in between");
-  if (b.read_epoch == g_epoch && b.reader_warp != cur_warp()) b.reader_warp = -2;
-  else b.reader_warp = cur_warp();
-  b.read_epoch = g_epoch;
+void on_block_start(int threads) {
+  g_wg.assign(threads, WgState{});
+  g_warpgroups.assign(threads / 128, Collective::make(128));
+  g_wg_made.assign(threads / 128, nullptr);
 }
-
-void check_byte_write(uint32_t addr, const char* what) {
-  ByteState& b = g_bytes[addr];
-  if (b.wgmma_readers) fail(std::string(what) + ": overwrites an operand of a wgmma still in flight");
-  if (b.read_epoch == g_epoch && b.reader_warp != cur_warp())
-    fail(std::string(what) + ": overwrites data another warp read with no __syncthreads in between");
-}
-
-void record_write(uint32_t addr, int bytes, bool async) {
-  for (int i = 0; i < bytes; ++i) {
-    ByteState& s = g_bytes[addr + i];
-    s.write_epoch = g_epoch;
-    s.writer_warp = cur_warp();
-    s.writer_tid = cur().tid;
-    s.async_write = async;
-    s.proxy_visible = false;
+void on_block_exit() {
+  for (const WgState& w : g_wg) {
+    if (!w.wg_groups.empty() || !w.wg_open.empty()) fail("thread exited with wgmma ops in flight");
   }
-  cur().unfenced.push_back(addr);
-  cur().unfenced.push_back(static_cast<uint32_t>(bytes));
-}
-
-// Rendezvous of `size` threads (a warp or a warpgroup): every thread deposits its inputs; the last to
-// arrive runs `compute` for all.
-void collective(Collective& c, int first_tid, int size, const std::string& op,
-                const std::function<void(Collective&)>& compute) {
-  if (c.arrived == 0) c.op = op;
-  else if (c.op != op) fail("threads of one warp(group) in different collectives (" + c.op + " vs " + op + ")");
-  const long gen = c.generation;
-  if (++c.arrived == size) {
-    compute(c);
-    c.arrived = 0;
-    ++c.generation;
-    for (int l = 0; l < size; ++l) g_fibers[first_tid + l].blocked = false;
-  } else {
-    while (c.generation == gen) yield_blocked();
-  }
-}
-
-void syncthreads() {
-  if (!cur().wg_open.empty()) fail("__syncthreads with uncommitted wgmma ops");
-  const long gen = g_barrier_generation;
-  if (++g_barrier_arrived == static_cast<int>(g_fibers.size())) {
-    g_barrier_arrived = 0;
-    ++g_barrier_generation;
-    ++g_epoch;
-    for (auto& f : g_fibers) f.blocked = false;
-  } else {
-    while (g_barrier_generation == gen) yield_blocked();
-  }
-}
-
-float shfl_xor(float v, int offset) {
-  Collective& c = g_warps[cur_warp()];
-  const int lane = cur_lane();
-  c.in_f[lane][0] = v;
-  collective(c, cur_warp() * 32, 32, "shfl_xor" + std::to_string(offset), [&](Collective& cc) {
-    for (int l = 0; l < 32; ++l) cc.out_f[l][0] = cc.in_f[l ^ offset][0];
-  });
-  return c.out_f[lane][0];
-}
-
-template <typename T>
-double to_double(uint16_t bits) {
-  T v;
-  std::memcpy(static_cast<void*>(&v), &bits, 2);
-  if constexpr (std::is_same<T, __half>::value) return __half2float(v);
-  else return __bfloat162float(v);
-}
-
-// ---------------------------------------------------------------- cp.async and the proxy fence
-void complete_group(std::vector<Copy>& group) {
-  for (const Copy& cp : group) {
-    for (int b = 0; b < 16; ++b) {
-      if (g_bytes[cp.dst + b].wgmma_readers) fail("cp.async lands on an operand of a wgmma still in flight");
-      --g_bytes[cp.dst + b].pending;
-    }
-    record_write(cp.dst, 16, true);
-    unsigned char* p = host(cp.dst, 16, "cp.async");
-    if (cp.pred) std::memcpy(p, cp.src, 16);
-    else std::memset(p, 0, 16);
-  }
-}
-
-void cp_async(uint32_t dst, const void* src, bool pred) {
-  if (dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async: address not 16-byte aligned");
-  host(dst, 16, "cp.async");
-  bool in_bounds = false;
-  for (const Buffer& b : g_inputs) {
-    const char* p = static_cast<const char*>(src);
-    if (p >= b.begin && p + 16 <= b.begin + b.bytes) in_bounds = true;
-  }
-  if (!in_bounds) fail(pred ? "cp.async: reads outside q/k/v" : "cp.async zero-fill: source address outside q/k/v");
-  for (int b = 0; b < 16; ++b) {
-    check_byte_write(dst + b, "cp.async");
-    if (g_bytes[dst + b].pending) fail("cp.async: two copies in flight to the same shared bytes");
-    ++g_bytes[dst + b].pending;
-  }
-  cur().open_group.push_back({dst, src, pred});
-}
-
-void cp_commit() {
-  cur().groups.push_back(std::move(cur().open_group));
-  cur().open_group.clear();
-}
-
-void cp_wait(int n) {
-  if (!cur().open_group.empty()) fail("cp.async.wait_group with uncommitted copies (they would not be waited for)");
-  while (static_cast<int>(cur().groups.size()) > n) {
-    complete_group(cur().groups.front());
-    cur().groups.pop_front();
-  }
-}
-
-// fence.proxy.async.shared::cta: this thread's completed generic-proxy writes become visible to the
-// async proxy (in-flight cp.async copies are not completed writes: they stay invisible).
-void proxy_fence() {
-  auto& u = cur().unfenced;
-  for (size_t i = 0; i < u.size(); i += 2) {
-    for (uint32_t b = 0; b < u[i + 1]; ++b) {
-      ByteState& s = g_bytes[u[i] + b];
-      if (s.writer_tid == cur().tid) s.proxy_visible = true;
-    }
-  }
-  u.clear();
-}
-
-void st_shared(uint32_t addr, const void* v, int bytes) {
-  if (addr % bytes != 0) fail("st.shared misaligned");
-  unsigned char* p = host(addr, bytes, "st.shared");
-  for (int b = 0; b < bytes; ++b) {
-    check_byte_write(addr + b, "st.shared");
-    ByteState& s = g_bytes[addr + b];
-    if (s.pending) fail("st.shared: overwrites a cp.async destination in flight");
-    if (s.async_write && s.write_epoch == g_epoch && s.writer_tid != cur().tid)
-      fail("st.shared: overwrites another thread's cp.async data with no __syncthreads in between");
-  }
-  record_write(addr, bytes, false);
-  std::memcpy(p, v, bytes);
-}
-
-void ld_shared(uint32_t addr, void* v, int bytes) {
-  if (addr % bytes != 0) fail("ld.shared misaligned");
-  const unsigned char* p = host(addr, bytes, "ld.shared");
-  for (int b = 0; b < bytes; ++b) check_byte_read(addr + b, "ld.shared");
-  std::memcpy(v, p, bytes);
 }
 
 // ---------------------------------------------------------------- wgmma
@@ -384,14 +136,15 @@ struct WgmmaOp {
 
 uint32_t g_poison_bits = 0x7fc0dead;  // the NaN an accumulator holds while its wgmma is in flight
 
-void wgmma_fence() { cur().fenced = true; }
+void wgmma_fence() { cur_wg().fenced = true; }
 
 // One wgmma.mma_async: acc is this thread's accumulator (n / 2 floats), a_regs its A fragment (null:
 // A from desc_a), tnsp_b: B is MN-major. T: __half or __nv_bfloat16.
 template <typename T>
 void wgmma(int n, float* acc, const uint32_t* a_regs, uint64_t desc_a, uint64_t desc_b, int scale_d, int tnsp_b) {
-  Fiber& me = cur();
-  const int wg = me.tid / 128, wl = me.tid % 128;
+  const int tid = cur().tid;
+  WgState& me = cur_wg();
+  const int wg = tid / 128, wl = tid % 128;
   const int regs = n / 2;
   auto chained = me.acc_in_flight.find(acc);
   const bool chain = chained != me.acc_in_flight.end() && chained->second > 0;
@@ -483,9 +236,9 @@ void wgmma(int n, float* acc, const uint32_t* a_regs, uint64_t desc_a, uint64_t 
     o->acc_ptr.assign(128, nullptr);
     o->a_ptr.assign(128, nullptr);
     o->a_regs.assign(128, {});
-    cc.made = o;
+    g_wg_made[wg] = o;
   });
-  std::shared_ptr<WgmmaOp> op = c.made;
+  std::shared_ptr<WgmmaOp> op = g_wg_made[wg];
   op->acc_ptr[wl] = acc;
   op->a_ptr[wl] = a_regs;
   if (a_regs) op->a_regs[wl].assign(a_regs, a_regs + 4);
@@ -495,13 +248,14 @@ void wgmma(int n, float* acc, const uint32_t* a_regs, uint64_t desc_a, uint64_t 
 }
 
 void wgmma_commit() {
-  cur().wg_groups.push_back(std::move(cur().wg_open));
-  cur().wg_open.clear();
+  cur_wg().wg_groups.push_back(std::move(cur_wg().wg_open));
+  cur_wg().wg_open.clear();
 }
 
 void wgmma_wait(int n) {
-  Fiber& me = cur();
-  const int wl = me.tid % 128;
+  const int tid = cur().tid;
+  WgState& me = cur_wg();
+  const int wl = tid % 128;
   if (!me.wg_open.empty()) fail("wgmma.wait_group with uncommitted wgmma ops (they would not be waited for)");
   while (static_cast<int>(me.wg_groups.size()) > n) {
     for (auto& op : me.wg_groups.front()) {
@@ -529,106 +283,12 @@ void wgmma_wait(int n) {
   }
   me.fenced = false;
 }
-
-// ---------------------------------------------------------------- fibers and the block
-std::function<void()> g_body;
-std::string g_error;
-void fiber_main(int idx) {
-  g_cur = idx;
-  try {
-    g_body();
-  } catch (const std::exception& e) {
-    if (g_error.empty()) g_error = e.what();
-  }
-  cur().done = true;
-  swapcontext(&cur().ctx, &g_sched);
-}
-
-void run_block(int threads, const std::function<void()>& body) {
-  g_body = body;
-  g_fibers.assign(threads, Fiber{});
-  auto make = [](int size) {
-    Collective c;
-    c.in_u.assign(size, std::vector<uint32_t>(5));
-    c.in_f.assign(size, std::vector<float>(1));
-    c.out_f.assign(size, std::vector<float>(1));
-    c.in_l.assign(2 * size, 0);
-    return c;
-  };
-  g_warps.assign(threads / 32, make(32));
-  g_warpgroups.assign(threads / 128, make(128));
-  g_barrier_arrived = 0;
-  g_epoch = 0;
-  g_error.clear();
-  std::memset(g_dyn, 0xff, kMaxSmem);  // NaN in fp16 and bf16: unwritten shared memory shows
-  std::fill(g_bytes.begin(), g_bytes.end(), ByteState{});
-  for (int i = 0; i < threads; ++i) {
-    Fiber& f = g_fibers[i];
-    f.tid = i;
-    f.stack.resize(1 << 18);
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.data();
-    f.ctx.uc_stack.ss_size = f.stack.size();
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, reinterpret_cast<void (*)()>(fiber_main), 1, i);
-  }
-  std::vector<int> order(threads);
-  for (;;) {
-    order.clear();
-    bool all_done = true;
-    for (auto& f : g_fibers) {
-      if (!f.done) all_done = false;
-      if (!f.done && !f.blocked) order.push_back(f.tid);
-    }
-    if (all_done) break;
-    if (order.empty()) fail("deadlock: every live thread waits (a barrier or collective not reached by all)");
-    std::shuffle(order.begin(), order.end(), g_sched_rng);
-    for (int idx : order) {
-      if (g_fibers[idx].done || g_fibers[idx].blocked) continue;
-      g_cur = idx;
-      swapcontext(&g_sched, &g_fibers[idx].ctx);
-      if (!g_error.empty()) fail(g_error);
-    }
-  }
-  for (auto& f : g_fibers) {
-    if (!f.groups.empty() || !f.open_group.empty()) fail("thread exited with cp.async copies in flight");
-    if (!f.wg_groups.empty() || !f.wg_open.empty()) fail("thread exited with wgmma ops in flight");
-  }
-  if (g_barrier_arrived != 0) fail("thread exited while others wait at a barrier");
-}
-
-inline const uint3& thread_idx() {
-  static thread_local uint3 v;
-  v = {static_cast<unsigned>(cur().tid), 0, 0};
-  return v;
-}
-
 }  // namespace emu
 
-#ifndef __launch_bounds__
-#define __launch_bounds__(...)
-#endif
-#define threadIdx (::emu::thread_idx())
-#define blockIdx (::emu::g_block_idx)
-#define gridDim (::emu::g_grid_dim)
-#define __syncthreads() ::emu::syncthreads()
-#define __shfl_xor_sync(mask, v, offset) ::emu::shfl_xor((v), (offset))
-
-// The kernel's PTX wrappers (csrc/attention/sm90/wgmma.cuh, not compiled under TILED_ATTN_EMULATION).
+// The kernel's PTX wrappers (csrc/attention/sm90/wgmma.cuh, not compiled under TILED_ATTN_EMULATION) that
+// emu_common.h has not defined.
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
-inline uint32_t smem_u32(const void* p) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  if (c < emu::g_dyn || c >= emu::g_dyn + emu::kMaxSmem) emu::fail("smem_u32 of a non-shared pointer");
-  return emu::g_base + static_cast<uint32_t>(c - emu::g_dyn);
-}
-inline void cp_async_16(uint32_t dst, const void* src, bool pred) { emu::cp_async(dst, src, pred); }
-inline void cp_async_16_full(uint32_t dst, const void* src) { emu::cp_async(dst, src, true); }
-inline void cp_async_commit() { emu::cp_commit(); }
-template <int N>
-inline void cp_async_wait() {
-  emu::cp_wait(N);
-}
 inline void fence_proxy_async() { emu::proxy_fence(); }
 inline void st_shared_b32(uint32_t addr, uint32_t v) { emu::st_shared(addr, &v, 4); }
 inline uint4 ld_shared_b128(uint32_t addr) {
@@ -666,21 +326,9 @@ namespace tiled_attn {
 namespace flash_fwd_sm90 {
 template <class Tr, typename T>
 cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
-  if (Tr::kSmemBytes > emu::kMaxSmem) return cudaErrorInvalidValue;
-  emu::g_smem_bytes = Tr::kSmemBytes;
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  for (int64_t first = 0; first < batch_heads; first += kMaxGridY) {
-    params.bh_offset = static_cast<int>(first);
-    const unsigned gy = static_cast<unsigned>(std::min<int64_t>(kMaxGridY, batch_heads - first));
-    emu::g_grid_dim = {m_blocks, gy, 1};
-    for (unsigned by = 0; by < gy; ++by) {
-      for (unsigned bx = 0; bx < m_blocks; ++bx) {
-        emu::g_block_idx = {bx, by, 0};
-        emu::run_block(Tr::kThreads, [&] { flash_fwd_sm90_kernel<Tr, T>(params); });
-      }
-    }
-  }
-  return cudaSuccess;
+  return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
+                              [](const Params& p) { flash_fwd_sm90_kernel<Tr, T>(p); });
 }
 }  // namespace flash_fwd_sm90
 }  // namespace tiled_attn
@@ -719,142 +367,34 @@ void check_layout_tables() {
 // ------------------------------------------------------------------------------------------------
 namespace {
 
-template <typename T>
-uint16_t to_bits(double x) {
-  T v;
-  if constexpr (std::is_same<T, __half>::value) v = __float2half_rn(static_cast<float>(x));
-  else v = __float2bfloat16_rn(static_cast<float>(x));
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return b;
-}
+using emu_cases::Case;
 
-struct Case {
-  int b, hq, hkv, nq, nk, d;
-  bool causal;
-  int64_t offset;  // causal offset
-  bool bf16;
-  double scale = 0;  // 0: 1/sqrt(d)
-};
-
-// q, k, v laid out (B, N, H, D) with the seq stride padded (a non-contiguous view); out (B, Nq, Hq, D)
-// with a padded head stride, lse (B, Hq, Nq); guard elements around everything.
-template <typename T>
-bool run_case(const Case& c, std::mt19937& rng) {
-  const int pad = 8, guard = 64;
-  const int64_t q_seq = int64_t{c.hq} * c.d + pad, k_seq = int64_t{c.hkv} * c.d + pad;
-  const int64_t q_batch = int64_t{c.nq} * q_seq, k_batch = int64_t{c.nk} * k_seq;
-  const int64_t o_head = c.d + 8, o_seq = int64_t{c.hq} * o_head, o_batch = int64_t{c.nq} * o_seq;
-  const size_t q_elems = static_cast<size_t>(c.b) * q_batch, k_elems = static_cast<size_t>(c.b) * k_batch;
-  std::normal_distribution<double> normal(0.0, 1.0);
-  auto fill = [&](std::vector<uint16_t>& buf, size_t n) {
-    buf.assign(n + 2 * guard, 0);
-    for (size_t i = 0; i < n; ++i) buf[guard + i] = to_bits<T>(normal(rng));
-  };
-  std::vector<uint16_t> q, k, v;
-  fill(q, q_elems);
-  fill(k, k_elems);
-  fill(v, k_elems);
-  const uint16_t kPoison = 0x7e00 | 0x7fc0;  // a NaN in both fp16 and bf16
-  std::vector<uint16_t> out(static_cast<size_t>(c.b) * o_batch + 2 * guard, kPoison);
-  std::vector<float> lse(static_cast<size_t>(c.b) * c.hq * c.nq + 2 * guard, std::nanf(""));
+// The run of a case: attention_fwd_sm90 with the dynamic shared memory at a random base.
+emu_cases::CaseRun case_run(const Case& c) {
+  emu_cases::CaseRun run;
+  run.entry = "attention_fwd_sm90";
+  run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
-  emu::g_base = static_cast<uint32_t>(std::uniform_int_distribution<int>(0, 63)(rng)) * 16;
-
-  const uint16_t* qp = q.data() + guard;
-  const uint16_t* kp = k.data() + guard;
-  const uint16_t* vp = v.data() + guard;
-  emu::g_inputs = {{reinterpret_cast<const char*>(qp), q_elems * 2},
-                   {reinterpret_cast<const char*>(kp), k_elems * 2},
-                   {reinterpret_cast<const char*>(vp), k_elems * 2}};
-  const double scale = static_cast<float>(c.scale != 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d)));
-  const tiled_attn::AttnStrides qs{q_batch, c.d, q_seq}, ks{k_batch, c.d, k_seq}, os{o_batch, o_head, o_seq};
-  const cudaError_t err = tiled_attn::attention_fwd_sm90(
-      c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp, vp, out.data() + guard,
-      lse.data() + guard, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os, static_cast<float>(scale), c.causal,
-      c.offset, nullptr);
-  if (err != cudaSuccess) emu::fail("attention_fwd_sm90 returned " + std::to_string(static_cast<int>(err)));
-
-  const int group = c.hq / c.hkv;
-  double max_err = 0, max_lse_err = 0;
-  std::vector<double> srow(c.nk);
-  for (int b = 0; b < c.b; ++b) {
-    for (int h = 0; h < c.hq; ++h) {
-      const int hk = h / group;
-      for (int i = 0; i < c.nq; ++i) {
-        double m = -INFINITY;
-        for (int j = 0; j < c.nk; ++j) {
-          const bool visible = !c.causal || j <= i + c.offset;
-          double s = -INFINITY;
-          if (visible) {
-            s = 0;
-            for (int e = 0; e < c.d; ++e) {
-              s += emu::to_double<T>(qp[b * q_batch + i * q_seq + h * c.d + e]) *
-                   emu::to_double<T>(kp[b * k_batch + j * k_seq + hk * c.d + e]);
-            }
-            s *= scale;
-          }
-          srow[j] = s;
-          m = std::max(m, s);
-        }
-        double l = 0;
-        for (int j = 0; j < c.nk; ++j) l += m == -INFINITY ? 0.0 : std::exp(srow[j] - m);
-        const double ref_lse = l == 0 ? -INFINITY : m + std::log(l);
-        const float got_lse = lse[guard + (static_cast<size_t>(b) * c.hq + h) * c.nq + i];
-        if (ref_lse == -INFINITY) {
-          if (!(got_lse == -INFINITY)) emu::fail("lse of a row with no visible key is not -inf");
-        } else {
-          const double e = std::fabs(got_lse - ref_lse);
-          if (!(e <= 1e30)) emu::fail("lse not finite where the reference is (row " + std::to_string(i) + ")");
-          max_lse_err = std::max(max_lse_err, e);
-        }
-        for (int e = 0; e < c.d; ++e) {
-          double o = 0;
-          if (l > 0) {
-            for (int j = 0; j < c.nk; ++j) {
-              if (srow[j] == -INFINITY) continue;
-              o += std::exp(srow[j] - m) / l * emu::to_double<T>(vp[b * k_batch + j * k_seq + hk * c.d + e]);
-            }
-          }
-          const double got = emu::to_double<T>(out[guard + b * o_batch + i * o_seq + h * o_head + e]);
-          const double err = std::fabs(got - o);
-          if (!(err <= 1e30)) {
-            emu::fail("output element not finite (unwritten, or an accumulator read before its wgmma's wait) at b=" +
-                      std::to_string(b) + " h=" + std::to_string(h) + " i=" + std::to_string(i) +
-                      " e=" + std::to_string(e));
-          }
-          max_err = std::max(max_err, err);
-        }
-      }
-    }
-  }
-  for (size_t i = 0; i < out.size(); ++i) {
-    const bool inside = i >= static_cast<size_t>(guard) && i < out.size() - guard &&
-                        ((i - guard) % o_head) < static_cast<size_t>(c.d);
-    if (!inside && out[i] != kPoison) emu::fail("write outside out's elements at index " + std::to_string(i));
-  }
-  for (int i = 0; i < guard; ++i) {
-    if (!std::isnan(lse[i]) || !std::isnan(lse[lse.size() - 1 - i])) emu::fail("write outside lse");
-  }
-  // The same tolerance as flash_fwd_emulator.cpp: fp16/bf16 rounding of P and of the output.
-  const double tol = c.bf16 ? 2e-2 : 3e-3;
-  const bool ok = max_err <= tol && max_lse_err <= 1e-3;
-  std::printf("%s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f smem_base=%4u  "
-              "max|out-ref|=%.2e  max|lse-ref|=%.2e\n",
-              ok ? "ok  " : "FAIL", c.d, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
-              static_cast<long long>(c.offset), scale, emu::g_base, max_err, max_lse_err);
-  std::fflush(stdout);
-  return ok;
+  run.prepare = [](std::mt19937& rng) {
+    emu::g_base = static_cast<uint32_t>(std::uniform_int_distribution<int>(0, 63)(rng)) * 16;
+    char s[32];
+    std::snprintf(s, sizeof s, "smem_base=%4u", emu::g_base);
+    return std::string(s);
+  };
+  run.launch = [&c](tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
+                    tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks, tiled_attn::AttnStrides os, float scale) {
+    return tiled_attn::attention_fwd_sm90(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os,
+                                          scale, c.causal, c.offset, nullptr);
+  };
+  return run;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int only_d = argc > 1 ? std::atoi(argv[1]) : 0;
-  const unsigned seed = argc > 2 ? static_cast<unsigned>(std::strtoul(argv[2], nullptr, 10)) : 20261122u;
-  std::printf("seed %u\n", seed);
-  std::mt19937 rng(seed);
-  emu::g_sched_rng.seed(seed);
+  const emu_cases::Args args = emu_cases::parse_args(argc, argv);
+  const int only_d = args.only_d;
+  std::mt19937 rng(args.seed);
   int failed = 0, ran = 0;
   try {
     check_layout_tables();
@@ -879,18 +419,7 @@ int main(int argc, char** argv) {
     cases.push_back({1, 2, 1, 5, 0, d, false, 0, !bf});               // no keys at all
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
   }
-  for (const Case& c : cases) {
-    ++ran;
-    try {
-      const bool ok = c.bf16 ? run_case<__nv_bfloat16>(c, rng) : run_case<__half>(c, rng);
-      if (!ok) ++failed;
-    } catch (const std::exception& e) {
-      ++failed;
-      std::printf("FAIL D=%3d %s Nq=%d Nk=%d causal=%d: %s\n", c.d, c.bf16 ? "bf16" : "fp16", c.nq, c.nk, c.causal,
-                  e.what());
-      std::fflush(stdout);
-    }
-  }
+  for (const Case& c : cases) emu_cases::run_counted(c, rng, case_run(c), failed, ran);
   std::printf("%d of %d cases failed\n", failed, ran);
   return failed ? 1 : 0;
 }
