@@ -385,7 +385,8 @@ def apply(sweep_json: Path, root: Path = ROOT, allow_any_arch: bool = False) -> 
     text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", "", text, flags=re.S)
     # A hand-written sm90 row outside the block goes only where the block redefines its key (a dict
     # literal keeps the last duplicate silently); others (the open-ended _INF rows) stay.
-    text = re.sub(LOOSE_ROW, lambda m: "" if m["key"] in _row_keys(lines) else m[0], text)
+    redefined = _row_keys(lines)
+    text = LOOSE_ROW.sub(lambda m: "" if m["key"] in redefined else m[0], text)
     at = text.index(MARKER)
     at = text.index("\n", at) + 1
     while text[at:].startswith("    #"):  # the marker's comment continues

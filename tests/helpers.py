@@ -9,6 +9,10 @@ a non-finite value fails. Every failure message carries the seed and both errors
 from __future__ import annotations
 
 import os
+import pathlib
+import re
+import shutil
+import subprocess
 
 import torch
 
@@ -129,3 +133,39 @@ def assert_none_without_interpreter(module: str, call: str, timeout: int) -> Non
     done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+
+
+# -- the CPU emulators of the CUDA kernels (tests/emulation/): g++ and the CUDA headers, no GPU -------
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def cuda_include() -> pathlib.Path | None:
+    """The CUDA toolkit's include directory (cuda_runtime.h, cuda_fp16.h), or None."""
+    candidates = [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(pathlib.Path(nvcc).resolve().parents[1]))
+        # /usr/local/bin/nvcc may be a wrapper script: the real toolkit is named inside it
+        m = re.search(r"(/\S+)/bin/nvcc", pathlib.Path(nvcc).read_text(errors="ignore")[:4096])
+        if m:
+            candidates.append(m.group(1))
+    for c in candidates:
+        if c and all((pathlib.Path(c) / "include" / h).exists() for h in ("cuda_runtime.h", "cuda_fp16.h")):
+            return pathlib.Path(c) / "include"
+    return None
+
+
+def build_attention_emulator(name: str, out_dir: pathlib.Path) -> pathlib.Path:
+    """Build tests/emulation/<name>.cpp (an attention kernel, compiled unchanged for the host) into
+    out_dir; pytest.skip without g++ or the CUDA headers."""
+    import pytest
+    cxx = shutil.which("g++")
+    include = cuda_include()
+    if cxx is None or include is None:
+        pytest.skip("the kernel emulator needs g++ and the CUDA headers")
+    exe = out_dir / name
+    cmd = [cxx, "-std=c++17", "-O1", "-Wno-attributes", f"-I{include}", f"-I{ROOT / 'csrc'}",
+           "-DTILED_ATTN_EMULATION", str(ROOT / "tests" / "emulation" / f"{name}.cpp"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    return exe

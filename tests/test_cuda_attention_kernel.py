@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
 import pathlib
 import re
 import shutil
@@ -36,7 +35,7 @@ import torch
 from tiled_attn import configs
 from tiled_attn.cuda import attention as cuda_attention
 
-from helpers import fresh_seed
+from helpers import build_attention_emulator, fresh_seed
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ATTN = ROOT / "csrc" / "attention"
@@ -161,33 +160,9 @@ def test_sweep_library_builds(tmp_path, monkeypatch):
     assert lib.lib.tiled_attn_sweep_fwd(1, 16, 16, 16, 16, 16, 1, 1, 1, 64, 64, d, strides, 0.1, 0, 0, None) == 1
 
 
-def _cuda_include() -> pathlib.Path | None:
-    candidates = [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(str(pathlib.Path(nvcc).resolve().parents[1]))
-        # /usr/local/bin/nvcc may be a wrapper script: the real toolkit is named inside it
-        m = re.search(r"(/\S+)/bin/nvcc", pathlib.Path(nvcc).read_text(errors="ignore")[:4096])
-        if m:
-            candidates.append(m.group(1))
-    for c in candidates:
-        if c and (pathlib.Path(c) / "include" / "cuda_fp16.h").exists():
-            return pathlib.Path(c) / "include"
-    return None
-
-
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> pathlib.Path:
-    cxx = shutil.which("g++")
-    include = _cuda_include()
-    if cxx is None or include is None:
-        pytest.skip("the kernel emulator needs g++ and the CUDA headers")
-    exe = tmp_path_factory.mktemp("emu") / "flash_fwd_emulator"
-    cmd = [cxx, "-std=c++17", "-O1", "-Wno-attributes", f"-I{include}", f"-I{ROOT / 'csrc'}",
-           "-DTILED_ATTN_EMULATION", str(ROOT / "tests" / "emulation" / "flash_fwd_emulator.cpp"), "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    return exe
+    return build_attention_emulator("flash_fwd_emulator", tmp_path_factory.mktemp("emu"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the kernel itself (tests/test_attention.py)")

@@ -4,8 +4,8 @@ On a machine without a GPU:
 1. configs.CUDA_ATTENTION's ("fwd_wgmma", "sm90", "*", D) rows mirror flash_fwd_sm90::Traits, the
    instantiated head dims (flash_fwd_sm90_hdim*.cu, attention_sm90_head_dim_supported,
    cuda.attention.SM90_HEAD_DIMS) agree, and every existing forward row still runs the mma kernel.
-2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only; bindings.cpp compiles
-   with the wgmma entry bound (slow: torch's headers).
+2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only (bindings.cpp with the
+   wgmma entry bound: tests/test_cuda_build.py::test_bindings_compile_against_torch_headers).
 3. The kernel itself, unchanged, runs in tests/emulation/flash_fwd_sm90_emulator.cpp: every CUDA thread
    a CPU fiber; wgmma (descriptors, swizzled canonical layouts, register fragments, fence / commit /
    wait semantics), cp.async, fence.proxy.async, shfl and __syncthreads emulated from the PTX ISA;
@@ -20,9 +20,7 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-import shutil
 import subprocess
-import sysconfig
 
 import pytest
 import torch
@@ -32,9 +30,8 @@ from tiled_attn import configs
 from tiled_attn.cuda import _build
 from tiled_attn.cuda import attention as cuda_attention
 
-from helpers import HAS_CUDA, INTERPRET, backend_available, fresh_seed
+from helpers import HAS_CUDA, INTERPRET, backend_available, build_attention_emulator, fresh_seed
 from test_attention import DT, HEADS, SHAPES, _check, _qkv
-from test_cuda_attention_kernel import _cuda_include
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -90,34 +87,12 @@ def test_sources_take_sm90_only_on_hopper():
         assert _build.with_sm90(CSRC, cap) == want
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None,
-                    reason="needs g++ and the CUDA headers (cuda_runtime.h)")
-def test_bindings_compile_with_the_wgmma_entry():
-    from torch.utils import cpp_extension
-    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w", "-DTILED_ATTN_WITH_ATTENTION=1", "-DTILED_ATTN_WITH_SM90=1",
-           "-DTORCH_EXTENSION_NAME=tiled_attn_cuda", f"-I{sysconfig.get_paths()['include']}",
-           f"-I{_cuda_include()}", f"-I{CSRC}", *[f"-I{p}" for p in cpp_extension.include_paths()],
-           str(CSRC / "bindings.cpp")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-
-
 # ------------------------------------------------------------------------------------------------
 # 3. the kernel in the emulator
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> pathlib.Path:
-    cxx = shutil.which("g++")
-    include = _cuda_include()
-    if cxx is None or include is None:
-        pytest.skip("the kernel emulator needs g++ and the CUDA headers")
-    exe = tmp_path_factory.mktemp("emu") / "flash_fwd_sm90_emulator"
-    cmd = [cxx, "-std=c++17", "-O1", "-Wno-attributes", f"-I{include}", f"-I{CSRC}", "-DTILED_ATTN_EMULATION",
-           str(ROOT / "tests" / "emulation" / "flash_fwd_sm90_emulator.cpp"), "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    return exe
+    return build_attention_emulator("flash_fwd_sm90_emulator", tmp_path_factory.mktemp("emu"))
 
 
 @pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)

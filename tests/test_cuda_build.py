@@ -25,6 +25,8 @@ from tiled_attn import cuda as tcuda
 from tiled_attn.cuda import _build
 from tiled_attn.cuda import softmax as csoftmax
 
+from helpers import cuda_include
+
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 
@@ -288,24 +290,19 @@ def test_split_chunks(h100, m, n):
 # ------------------------------------------------------------------------------------------------
 # bindings.cpp against this torch's headers (no CUDA build of torch needed)
 # ------------------------------------------------------------------------------------------------
-def _cuda_include():
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home and (Path(home) / "include" / "cuda_runtime.h").is_file():
-            return Path(home) / "include"
-    return None
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None,
+@pytest.mark.skipif(shutil.which("g++") is None or cuda_include() is None,
                     reason="needs g++ and the CUDA headers (cuda_runtime.h)")
-@pytest.mark.parametrize("with_attention", [0, 1])
-def test_bindings_compile_against_torch_headers(with_attention):
+# (attention, sm90): the softmax-only build, + the attention kernels, + the wgmma forward (sm_90 builds)
+@pytest.mark.parametrize("with_attention,with_sm90", [(0, 0), (1, 0), (1, 1)])
+def test_bindings_compile_against_torch_headers(with_attention, with_sm90):
     from torch.utils import cpp_extension
     cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w", f"-DTILED_ATTN_WITH_ATTENTION={with_attention}",
+           f"-DTILED_ATTN_WITH_SM90={with_sm90}",
            "-DTORCH_EXTENSION_NAME=tiled_attn_cuda", f"-I{sysconfig.get_paths()['include']}",
-           f"-I{_cuda_include()}", f"-I{CSRC}", *[f"-I{p}" for p in cpp_extension.include_paths()],
+           f"-I{cuda_include()}", f"-I{CSRC}", *[f"-I{p}" for p in cpp_extension.include_paths()],
            str(CSRC / "bindings.cpp")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
 
 
@@ -315,13 +312,13 @@ def test_bindings_compile_against_torch_headers(with_attention):
 # ------------------------------------------------------------------------------------------------
 def _gxx(args, **kw):
     return subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-Wno-attributes",
-                           f"-I{_cuda_include()}", f"-I{CSRC}", "-include",
+                           f"-I{cuda_include()}", f"-I{CSRC}", "-include",
                            str(ROOT / "tests" / "emulation" / "softmax_emu.h"), *args],
                           capture_output=True, text=True, **kw)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None,
+@pytest.mark.skipif(shutil.which("g++") is None or cuda_include() is None,
                     reason="needs g++ and the CUDA headers (cuda_runtime.h, cuda_fp16.h)")
 def test_softmax_emulator(tmp_path):
     from concurrent.futures import ThreadPoolExecutor

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +22,7 @@ import tiled_attn as ta
 from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
                      backend_available, device_for, fresh_seed, randn, skip_reason, sm90a_build_problem)
 from tiled_attn import _checks, configs, reference
-from tiled_attn.triton import online as triton_online  # test_triton_exp_natural's kernel reads it
+from tiled_attn.triton import online as triton_online  # _exp_natural_kernel reads it
 
 # The interpreter evaluates masked-out lanes too (rows past M: 0/0; those values are never stored),
 # and converts its (1,)-shaped scalars with int(), which numpy >= 1.25 deprecates.
@@ -324,17 +326,11 @@ def test_triton_tiny_tiles(tiny_tiles, kernel, m, n, seed):
     _check_grad(x, -1, "triton", kernel, seed, what="tiny tiles")
 
 
-def _exp_natural_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def exp_kernel(d_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        d = tl.load(d_ptr + offs, mask=offs < n)
-        tl.store(y_ptr + offs, triton_online.exp_natural(d), mask=offs < n)
-
-    return exp_kernel
+@triton.jit
+def _exp_natural_kernel(d_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.load(d_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, triton_online.exp_natural(d), mask=offs < n)
 
 
 def test_triton_exp_natural():
@@ -342,14 +338,12 @@ def test_triton_exp_natural():
     normal range of results (d from -87 to 0), ~0 absolute below it, 0 at -inf, NaN at NaN. The
     one-product form exp2(d·LOG2E) fails this from |d| ≈ 10 on (its rounded product alone is off by
     ln2·|d·log2 e|·2^-25 relative, 2e-6 at d = -87), even with an exact exp2 as the interpreter's."""
-    import triton
-
     device = _require("triton")
     d64 = torch.cat([-torch.rand(4093, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) * 104,
                      torch.tensor([0.0, -1e-30, -87.0])])
     d = torch.cat([d64.float(), torch.tensor([float("-inf"), float("nan")])]).to(device)
     y = torch.empty_like(d)
-    _exp_natural_kernel()[(triton.cdiv(d.numel(), 1024),)](d, y, d.numel(), BLOCK=1024)
+    _exp_natural_kernel[(triton.cdiv(d.numel(), 1024),)](d, y, d.numel(), BLOCK=1024)
     y = y.cpu().double()
     exact = torch.exp(d.cpu().double())
     normal = exact >= torch.finfo(torch.float32).tiny
