@@ -108,7 +108,8 @@ def decode_config(d: int, device: torch.device | None = None) -> dict:
     return configs.lookup(configs.CUDA_ATTENTION, ("decode", arch, "*", d), "CUDA attention")
 
 
-# The H100's shared memory per SM (228 KB) and what the runtime reserves per CTA (1 KB).
+# An H100's shared memory per SM (228 KB: split_plan's default, for planning without a device; a
+# launch passes its device's own figure) and what the runtime reserves per CTA (1 KB).
 SMEM_PER_SM = 228 * 1024
 SMEM_RESERVED_PER_CTA = 1024
 
@@ -119,7 +120,7 @@ def _smem_bytes(cfg: dict, d: int) -> int:
 
 
 def split_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool, causal_offset: int,
-               sm_count: int, cfg: dict) -> int:
+               sm_count: int, cfg: dict, smem_per_sm: int = SMEM_PER_SM) -> int:
     """0: the forward kernel; S >= 1: the split-KV path with S key splits (`cfg`: decode_config(d)).
 
     Split when the packed rows of a (batch, kv head), Nq·Hq/Hkv, fit max_rows and Nk >= min_keys.
@@ -133,7 +134,7 @@ def split_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool
     seen = min(max(nq + causal_offset, 0), nk) if causal else nk
     if seen == 0:
         return 0  # every row is empty: the forward kernel writes 0 / -inf without a workspace
-    ctas_per_sm = min(cfg["max_ctas_per_sm"], SMEM_PER_SM // (_smem_bytes(cfg, d) + SMEM_RESERVED_PER_CTA))
+    ctas_per_sm = min(cfg["max_ctas_per_sm"], smem_per_sm // (_smem_bytes(cfg, d) + SMEM_RESERVED_PER_CTA))
     tiles = b * hkv * -(-rows // cfg["block_m"])
     splits = max(1, ctas_per_sm * sm_count // tiles)
     splits = min(splits, max(1, -(-seen // cfg["min_split_keys"])))
@@ -141,14 +142,20 @@ def split_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool
     return -(-seen // split_len)
 
 
-_SM_COUNT: dict = {}
+_SM_LIMITS: dict = {}
+
+
+def _sm_limits(device: torch.device) -> tuple[int, int]:
+    """(SM count, shared memory per SM in bytes) of q's device, read once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_LIMITS:
+        props = torch.cuda.get_device_properties(index)
+        _SM_LIMITS[index] = (props.multi_processor_count, props.shared_memory_per_multiprocessor)
+    return _SM_LIMITS[index]
 
 
 def _sm_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _sm_limits(device)[0]
 
 
 # ---- kernel selection: mma.sync (flash_fwd_kernel.cuh) or wgmma (sm90/flash_fwd_sm90_kernel.cuh) ----
@@ -243,8 +250,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
         b, hq, nq, dtype=torch.float32, device=lse.device)
     ext = _extension(q.device)
     if num_splits is None:
+        sm_count, smem_per_sm = _sm_limits(q.device)
         num_splits = split_plan(b, hq, k.shape[1], nq, k.shape[2], d, bool(causal), int(causal_offset),
-                                _sm_count(q.device), decode_config(d, q.device))
+                                sm_count, decode_config(d, q.device), smem_per_sm)
     elif not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= 65535:
         raise ValueError(f"num_splits must be None or an int in [0, 65535], got {num_splits!r}")
     with torch.cuda.device(q.device):
