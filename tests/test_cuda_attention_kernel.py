@@ -1,7 +1,7 @@
 """The CUDA attention kernel (csrc/attention/) on a machine without a GPU.
 
 1. configs.CUDA_ATTENTION mirrors the templates' TileConfig rows, the instantiated head dims and the
-   C++ attention_head_dim_supported list (the kernel runs the C++ rows; the table documents them);
+   C++ dispatch list (FwdHeadDims) (the kernel runs the C++ rows; the table documents them);
    the sweep's variant table (csrc/attention/sweep/) and its script agree on the flags.
 2. The kernel itself, unchanged, runs in tests/emulation/flash_fwd_emulator.cpp: every CUDA thread a
    CPU fiber, ldmatrix / mma.sync / cp.async / shfl / vote / __syncthreads emulated from the PTX ISA
@@ -78,9 +78,9 @@ def test_table_mirrors_the_templates():
     assert plain == cuda_attention.HEAD_DIMS
     files = sorted(int(p.stem.removeprefix("flash_fwd_hdim")) for p in ATTN.glob("flash_fwd_hdim*.cu"))
     assert tuple(files) == cuda_attention.HEAD_DIMS, "one flash_fwd_hdim<D>.cu per supported head dim"
-    src = (ATTN / "flash_fwd.cu").read_text()
-    supported = src[src.index("bool attention_head_dim_supported"):src.index("namespace {")]
-    assert tuple(int(c) for c in re.findall(r"case (\d+):", supported)) == cuda_attention.HEAD_DIMS
+    dispatched = re.search(r"using FwdHeadDims = HeadDims<([\d, ]+)>;", (ATTN / "flash_fwd.cuh").read_text())
+    assert dispatched, "no FwdHeadDims (the C++ dispatch's head dims) in flash_fwd.cuh"
+    assert tuple(int(c) for c in dispatched.group(1).split(",")) == cuda_attention.HEAD_DIMS
     for d in cuda_attention.HEAD_DIMS:
         causal_key = ("fwd", "any", "*", d, "causal")
         assert cuda_attention.tile_config(d, causal=True) == configs.CUDA_ATTENTION.get(

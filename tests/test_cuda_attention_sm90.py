@@ -2,7 +2,7 @@
 
 On a machine without a GPU:
 1. configs.CUDA_ATTENTION's ("fwd_wgmma", "sm90", "*", D) rows mirror flash_fwd_sm90::Traits, the
-   instantiated head dims (flash_fwd_sm90_hdim*.cu, attention_sm90_head_dim_supported,
+   instantiated head dims (flash_fwd_sm90_hdim*.cu, Sm90HeadDims in flash_fwd_sm90.cu,
    cuda.attention.SM90_HEAD_DIMS) agree, and every existing forward row still runs the mma kernel.
 2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only (bindings.cpp with the
    wgmma entry bound: tests/test_cuda_build.py::test_bindings_compile_against_torch_headers).
@@ -62,8 +62,9 @@ def test_wgmma_rows_mirror_the_traits():
     files = sorted(int(p.stem.removeprefix("flash_fwd_sm90_hdim")) for p in SM90.glob("flash_fwd_sm90_hdim*.cu"))
     assert tuple(files) == cuda_attention.SM90_HEAD_DIMS
     src = (SM90 / "flash_fwd_sm90.cu").read_text()
-    supported = src[src.index("bool attention_sm90_head_dim_supported"):src.index("namespace {")]
-    assert tuple(int(c) for c in re.findall(r"case (\d+):", supported)) == cuda_attention.SM90_HEAD_DIMS
+    dispatched = re.search(r"using Sm90HeadDims = flash_fwd::HeadDims<([\d, ]+)>;", src)
+    assert dispatched, "no Sm90HeadDims (the C++ dispatch's head dims) in flash_fwd_sm90.cu"
+    assert tuple(int(c) for c in dispatched.group(1).split(",")) == cuda_attention.SM90_HEAD_DIMS
     assert set(cuda_attention.SM90_HEAD_DIMS) <= set(cuda_attention.HEAD_DIMS)
 
 

@@ -1,6 +1,6 @@
 // flash_fwd.cu: attention_fwd and attention_fwd_split (attention.h): argument checks and Params
-// (make_params, make_split_params in flash_fwd.cuh), the dispatch over head dim and dtype to the
-// instantiations in flash_fwd_hdim*.cu, and the split path's merge launch. The Python wrapper
+// (make_params, make_split_params in flash_fwd.cuh), the dispatch over head dim and dtype (FwdHeadDims)
+// to the instantiations in flash_fwd_hdim*.cu, and the split path's merge launch. The Python wrapper
 // (tiled_attn/cuda/attention.py) has already raised a ValueError for anything rejected here; these
 // checks keep a direct C++ caller from launching on bad input.
 #include <cuda_bf16.h>
@@ -13,58 +13,24 @@
 
 namespace tiled_attn {
 
-bool attention_head_dim_supported(int64_t head_dim) {
-  switch (head_dim) {
-    case 32: case 64: case 96: case 128: case 192: case 256: return true;
-    default: return false;
-  }
-}
-
-namespace {
-
-template <typename T>
-cudaError_t dispatch_head_dim(const flash_fwd::Params& p, int64_t head_dim, int batch_heads, cudaStream_t stream) {
-  switch (head_dim) {
-    case 32: return flash_fwd::run_flash_fwd<32, T>(p, batch_heads, stream);
-    case 64: return flash_fwd::run_flash_fwd<64, T>(p, batch_heads, stream);
-    case 96: return flash_fwd::run_flash_fwd<96, T>(p, batch_heads, stream);
-    case 128: return flash_fwd::run_flash_fwd<128, T>(p, batch_heads, stream);
-    case 192: return flash_fwd::run_flash_fwd<192, T>(p, batch_heads, stream);
-    case 256: return flash_fwd::run_flash_fwd<256, T>(p, batch_heads, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-template <typename T>
-cudaError_t dispatch_split_head_dim(const flash_fwd::Params& p, int64_t head_dim, int slots, cudaStream_t stream) {
-  switch (head_dim) {
-    case 32: return flash_fwd::run_flash_fwd_split<32, T>(p, slots, stream);
-    case 64: return flash_fwd::run_flash_fwd_split<64, T>(p, slots, stream);
-    case 96: return flash_fwd::run_flash_fwd_split<96, T>(p, slots, stream);
-    case 128: return flash_fwd::run_flash_fwd_split<128, T>(p, slots, stream);
-    case 192: return flash_fwd::run_flash_fwd_split<192, T>(p, slots, stream);
-    case 256: return flash_fwd::run_flash_fwd_split<256, T>(p, slots, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-}  // namespace
+bool attention_head_dim_supported(int64_t head_dim) { return flash_fwd::FwdHeadDims::contains(head_dim); }
 
 cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
                           int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                           int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                           AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                           cudaStream_t stream) {
-  if (!attention_head_dim_supported(head_dim)) return cudaErrorInvalidValue;
-  if (dtype != AttnDtype::kFloat16 && dtype != AttnDtype::kBFloat16) return cudaErrorInvalidValue;
+  using flash_fwd::FwdHeadDims;
+  if (!FwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
   flash_fwd::Params p;
   int batch_heads;
   const cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
                                                  q_stride, k_stride, v_stride, o_stride, scale, causal,
                                                  causal_offset, p, batch_heads);
   if (err != cudaSuccess || batch_heads == 0) return err;
-  return dtype == AttnDtype::kFloat16 ? dispatch_head_dim<__half>(p, head_dim, batch_heads, stream)
-                                      : dispatch_head_dim<__nv_bfloat16>(p, head_dim, batch_heads, stream);
+  return FwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
+    return flash_fwd::run_flash_fwd<decltype(dim)::value, typename decltype(elem)::type>(p, batch_heads, stream);
+  });
 }
 
 cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -73,8 +39,8 @@ cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, c
                                 AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                 AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                                 cudaStream_t stream) {
-  if (!attention_head_dim_supported(head_dim)) return cudaErrorInvalidValue;
-  if (dtype != AttnDtype::kFloat16 && dtype != AttnDtype::kBFloat16) return cudaErrorInvalidValue;
+  using flash_fwd::FwdHeadDims;
+  if (!FwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
   flash_fwd::Params p;
   int batch_heads, slots;
   cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride,
@@ -83,8 +49,9 @@ cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, c
   if (err != cudaSuccess || batch_heads == 0) return err;
   err = flash_fwd::make_split_params(workspace, num_splits, batch, heads_kv, p, slots);
   if (err != cudaSuccess) return err;
-  err = dtype == AttnDtype::kFloat16 ? dispatch_split_head_dim<__half>(p, head_dim, slots, stream)
-                                     : dispatch_split_head_dim<__nv_bfloat16>(p, head_dim, slots, stream);
+  err = FwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
+    return flash_fwd::run_flash_fwd_split<decltype(dim)::value, typename decltype(elem)::type>(p, slots, stream);
+  });
   if (err != cudaSuccess) return err;
   flash_fwd::MergeParams mp;
   mp.partial = workspace;

@@ -7,6 +7,10 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "../online_softmax.cuh"
@@ -201,6 +205,36 @@ inline cudaError_t make_params(const void* q, const void* k, const void* v, void
   batch_heads = static_cast<int>(batch * heads_q);
   return cudaSuccess;
 }
+
+// The entry points' dispatch (flash_fwd.cu, sm90/flash_fwd_sm90.cu) from the runtime dtype and head
+// dim to the templates' compile-time T and D; cudaErrorInvalidValue where no instantiation matches.
+template <typename T>
+struct Elem {
+  using type = T;
+};
+
+inline bool dtype_supported(AttnDtype dtype) {
+  return dtype == AttnDtype::kFloat16 || dtype == AttnDtype::kBFloat16;
+}
+
+template <int... kDims>
+struct HeadDims {
+  static constexpr bool contains(int64_t d) { return ((d == kDims) || ...); }
+  // launch(Elem<T>{}, std::integral_constant<int, D>{}) for `dtype`'s T and the D equal to `d`.
+  template <typename Launch>
+  static cudaError_t dispatch(AttnDtype dtype, int64_t d, Launch&& launch) {
+    cudaError_t err = cudaErrorInvalidValue;
+    auto for_elem = [&](auto elem) {
+      (void)((d == kDims && ((err = launch(elem, std::integral_constant<int, kDims>{})), true)) || ...);
+    };
+    if (dtype == AttnDtype::kFloat16) for_elem(Elem<__half>{});
+    if (dtype == AttnDtype::kBFloat16) for_elem(Elem<__nv_bfloat16>{});
+    return err;
+  }
+};
+
+// What flash_fwd_hdim<D>.cu instantiate (tiled_attn/cuda/attention.py HEAD_DIMS mirrors it).
+using FwdHeadDims = HeadDims<32, 64, 96, 128, 192, 256>;
 
 // The split-KV Params on top of make_params' (which `p` must already hold, with batch_heads > 0):
 // `partial` a 16-byte aligned float32 workspace of B·Hq·Nq·num_splits·(D + 2) floats
