@@ -231,6 +231,10 @@ def test_split_plan_declines():
     assert plan(1, 32, 8, 1, cfg["min_keys"] - 1, 128, False, 0) == 0
     assert plan(1, 32, 8, 3, 4096, 128, True, -3) == 0       # causal: no row sees a key
     assert plan(1, 32, 8, 1, 4096, 128, True, 4095) > 1
+    # causal top-left: the one query sees 1 key of 4096 (the forward kernel's single tile).
+    assert plan(1, 32, 8, 1, 4096, 128, True, 0) == 0
+    assert plan(1, 32, 8, 1, 4096, 128, True, cfg["min_keys"] - 2) == 0
+    assert plan(1, 32, 8, 1, 4096, 128, True, cfg["min_keys"] - 1) >= 1
     assert plan(512, 32, 8, 1, 4096, 128, False, 0) == 1     # the grid is full without splitting
 
 

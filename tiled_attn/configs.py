@@ -543,10 +543,10 @@ CUDA_ATTENTION: dict = {
     ("fwd", "any", "*", 192): {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2, "flags": (), "min_blocks": 1},
     ("fwd", "any", "*", 256): {"block_m": 64, "block_n": 64, "warps": 4, "stages": 1, "flags": (), "min_blocks": 1},
     # Split-KV (decode; flash_fwd_kernel<Tr, T, true> + attention_merge.cuh). The tile fields MIRROR
-    # DecodeConfig<D> in flash_fwd.cuh (a test checks): a one-warp CTA of 16 packed (query, query head)
-    # rows of one kv head. The dispatch and split heuristics (tiled_attn/cuda/attention.py split_plan):
-    # the split path when Nq·Hq/Hkv <= max_rows and Nk >= min_keys; splits: enough CTAs to fill every
-    # SM's resident slots once (ctas_per_sm from the smem size, at most 8 one-warp CTAs), no split
+    # DecodeConfig<D> in flash_fwd.cuh (a test checks): a one-warp CTA of 16 packed (query, query head) rows
+    # of one kv head. The dispatch and split heuristics (tiled_attn/cuda/attention.py split_plan): the split
+    # path when Nq·Hq/Hkv <= max_rows and the last query sees >= min_keys keys; splits: enough CTAs to fill
+    # every SM's resident slots once (ctas_per_sm from the smem size, at most 8 one-warp CTAs), no split
     # shorter than min_split_keys. Not yet measured on the H100 (guesses from the arithmetic in
     # flash_fwd.cuh's DecodeConfig comment).
     **{("decode", "any", "*", d): {"block_m": 16, "block_n": 32 if d == 256 else 64, "warps": 1, "stages": 2,

@@ -16,24 +16,24 @@ Tile shapes per head dim (and per causal launch where they differ) live in
 csrc/attention/flash_fwd.cuh (TileConfig, compile-time: the templates need them) and are mirrored in
 configs.CUDA_ATTENTION; `tile_config(d, causal=...)` returns that row.
 
-Split-KV (flash-decoding) for short queries against long keys: `split_plan` picks it from the
-("decode", "any", "*", D) row of configs.CUDA_ATTENTION when Nq·group <= max_rows (group = Hq/Hkv)
-and Nk >= min_keys. One CTA (DecodeConfig<D> in flash_fwd.cuh: one warp, a 16-row mma tile) owns
-the Nq·group rows of one (batch, kv head), packed as (query, query head) pairs, so each K/V tile is
-read once per GQA group instead of once per query head, and one key range of `num_splits`; it writes
-the rows' unnormalized partial state (acc float32 [D], m, l) to a float32 workspace of
-B·Hq·Nq·num_splits·(D + 2) elements (torch.empty on the current stream: no N×N buffer). A second
-kernel (csrc/attention/attention_merge.cuh) merges each row's partials max-first with the header's
-merge verbs (online_softmax.cuh AttnRowState::merge_max / merge_add) and writes out and lse; a split
-a row does not see (causal, or past the keys) is the identity state and adds nothing, and a row with
-no visible key at all gets output 0 and lse -inf. num_splits: enough CTAs to fill every SM's
-resident slots once (slots from the tile's shared memory), no split shorter than min_split_keys keys,
-and none left empty. Both launches go on the current stream with no host sync and no data-dependent
-host logic (the plan depends on shapes only), so a decode step can be captured in a CUDA graph. The
-decode suite's "cuda" provider (benchmarks/suite_decode.py: Nq = 1, Hq = 32, Hkv = 8, D = 128) runs
-this path. Verified on the CPU emulator (tests/emulation/flash_fwd_emulator.cpp); NOT YET MEASURED
-ON THE H100: its speed and the heuristics' values are predictions (flash_fwd.cuh's DecodeConfig).
-`attention_forward(..., num_splits=)` forces a choice (tests).
+Split-KV (flash-decoding) for short queries against long keys: `split_plan` picks it from the ("decode",
+"any", "*", D) row of configs.CUDA_ATTENTION when Nq·group <= max_rows (group = Hq/Hkv) and the last
+query sees >= min_keys keys. One CTA (DecodeConfig<D> in flash_fwd.cuh: one warp, a 16-row mma tile)
+owns the Nq·group rows of one (batch, kv head), packed as (query, query head) pairs, so each K/V tile is
+read once per GQA group instead of once per query head, and one key range of `num_splits`; it writes the
+rows' unnormalized partial state (acc float32 [D], m, l) to a float32 workspace of
+B·Hq·Nq·num_splits·(D+2) elements (torch.empty on the current stream: no N×N buffer). A second kernel
+(csrc/attention/attention_merge.cuh) merges each row's partials max-first with the header's merge verbs
+(online_softmax.cuh AttnRowState::merge_max / merge_add) and writes out and lse; a split a row does not
+see (causal, or past the keys) is the identity state and adds nothing, and a row with no visible key at
+all gets output 0 and lse -inf. num_splits: enough CTAs to fill every SM's resident slots once (slots
+from the tile's shared memory), no split shorter than min_split_keys keys, and none left empty. Both
+launches go on the current stream with no host sync and no data-dependent host logic (the plan depends
+on shapes only), so a decode step can be captured in a CUDA graph. The decode suite's "cuda" provider
+(benchmarks/suite_decode.py: Nq = 1, Hq = 32, Hkv = 8, D = 128) runs this path. Verified on the CPU
+emulator (tests/emulation/flash_fwd_emulator.cpp); NOT YET MEASURED ON THE H100: its speed and the
+heuristics' values are predictions (flash_fwd.cuh's DecodeConfig). `attention_forward(..., num_splits=)`
+forces a choice (tests).
 
 The wgmma forward (csrc/attention/sm90/, sm_90a only): a second forward kernel on Hopper's warpgroup
 MMA (wgmma.mma_async m64nNk16 for Q·Kᵀ and P·V, operands read from 128-byte-swizzled shared memory
@@ -123,17 +123,18 @@ def split_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool
                sm_count: int, cfg: dict, smem_per_sm: int = SMEM_PER_SM) -> int:
     """0: the forward kernel; S >= 1: the split-KV path with S key splits (`cfg`: decode_config(d)).
 
-    Split when the packed rows of a (batch, kv head), Nq·Hq/Hkv, fit max_rows and Nk >= min_keys.
+    Split when the packed rows of a (batch, kv head), Nq·Hq/Hkv, fit max_rows and the keys the last
+    row sees (all Nk, or Nq + causal_offset of them under causal) number at least min_keys.
     S fills the SMs' resident CTA slots once (ctas_per_sm from the tile's shared memory, at most
     max_ctas_per_sm) over the B·Hkv·ceil(rows / block_m) row tiles, keeps every split at least
     min_split_keys keys, and is then cut so that no split is empty: the kernel's split length
     (flash_fwd_launch.cuh split_len_for) is the keys any row sees over S, rounded up to block_n."""
     rows = nq * (hq // hkv)
-    if rows > cfg["max_rows"] or nk < cfg["min_keys"]:
-        return 0
     seen = min(max(nq + causal_offset, 0), nk) if causal else nk
-    if seen == 0:
-        return 0  # every row is empty: the forward kernel writes 0 / -inf without a workspace
+    # Gated on the keys some row sees, not Nk: a causal window of a few keys is one short tile loop
+    # for the forward kernel, and no row seeing a key needs no workspace (it writes 0 / -inf).
+    if rows > cfg["max_rows"] or seen < max(cfg["min_keys"], 1):
+        return 0
     ctas_per_sm = min(cfg["max_ctas_per_sm"], smem_per_sm // (_smem_bytes(cfg, d) + SMEM_RESERVED_PER_CTA))
     tiles = b * hkv * -(-rows // cfg["block_m"])
     splits = max(1, ctas_per_sm * sm_count // tiles)
