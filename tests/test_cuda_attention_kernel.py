@@ -309,6 +309,46 @@ def test_split_kv_matches_reference(case, seed):
     _check(out2, lse2, q, k, v, causal, offset, -scale, seed, f"cuda split-KV scale<0 {case}")
 
 
+def _check_batches(out, lse, q, k, v, causal, offset, scale, seed, what, batches):
+    """The rule on a few batch entries of a launch too large for the float64 reference."""
+    from test_attention import _check
+    for i in batches:
+        _check(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k[i:i + 1], v[i:i + 1], causal, offset, scale, seed,
+               f"{what} batch {i}")
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("num_splits", [0, 2], ids=["forward", "split"])
+def test_more_than_65535_batch_heads(num_splits, seed):
+    """B·Hkv = 65537 (B·Hq = 131074) passes grid.y's 65535: both kernels launch in slices of heads
+    (launch_common.cuh launch_sliced, bh_offset); the entries past the first slice are checked."""
+    _cuda_ready()
+    b, hq, hkv, nq, nk, d = 65537, 2, 1, 1, 70, 32
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16)
+               for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, d)))
+    out, lse = _split_run(q, k, v, 1 / math.sqrt(d), True, nk - nq, num_splits)
+    _check_batches(out, lse, q, k, v, True, nk - nq, 1 / math.sqrt(d), seed, f"B·Hkv=65537 splits={num_splits}",
+                   [0, 32767, 32768, 65534, 65535, 65536])
+
+
+@pytest.mark.huge
+@pytest.mark.gpu
+@GPU_ONLY
+def test_split_workspace_past_2_31_floats(seed):
+    """B·Hq·Nq·S·(D+2) = 256·32·1·1200·258 > 2^31 floats (2.5 G, 10 GB): the partials' offsets are
+    64-bit in the split kernel and the merge; the last batch entries lie past element 2^31 (and most
+    of the 1200 splits lie past the 2400 keys: the identity state)."""
+    _cuda_ready()
+    b, hq, hkv, nq, nk, d, splits = 256, 32, 8, 1, 2400, 256, 1200
+    assert b * hq * nq * splits * (d + 2) > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+               for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, d)))
+    out, lse = _split_run(q, k, v, 1 / 16, False, nk - nq, splits)
+    _check_batches(out, lse, q, k, v, False, nk - nq, 1 / 16, seed, "workspace > 2^31", [0, b // 2, b - 1])
+
+
 @GPU_ONLY
 def test_split_kv_is_what_ta_attention_runs_for_decode(seed, monkeypatch):
     """The decode suite's shape through ta.attention(backend="cuda") takes the split path."""
