@@ -20,17 +20,13 @@ cudaError_t attention_fwd(AttnDtype dtype, const void* q, const void* k, const v
                           int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                           AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                           cudaStream_t stream) {
-  using flash_fwd::FwdHeadDims;
-  if (!FwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
-  flash_fwd::Params p;
-  int batch_heads;
-  const cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
-                                                 q_stride, k_stride, v_stride, o_stride, scale, causal,
-                                                 causal_offset, p, batch_heads);
-  if (err != cudaSuccess || batch_heads == 0) return err;
-  return FwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
-    return flash_fwd::run_flash_fwd<decltype(dim)::value, typename decltype(elem)::type>(p, batch_heads, stream);
-  });
+  return flash_fwd::FwdHeadDims::run(
+      dtype, head_dim,
+      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
+        return flash_fwd::run_flash_fwd<decltype(dim)::value, typename decltype(elem)::type>(p, batch_heads, stream);
+      },
+      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
+      causal, causal_offset);
 }
 
 cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -39,31 +35,28 @@ cudaError_t attention_fwd_split(AttnDtype dtype, const void* q, const void* k, c
                                 AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                 AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                                 cudaStream_t stream) {
-  using flash_fwd::FwdHeadDims;
-  if (!FwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
-  flash_fwd::Params p;
-  int batch_heads, slots;
-  cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride,
-                                           k_stride, v_stride, o_stride, scale, causal, causal_offset, p,
-                                           batch_heads);
-  if (err != cudaSuccess || batch_heads == 0) return err;
-  err = flash_fwd::make_split_params(workspace, num_splits, batch, heads_kv, p, slots);
-  if (err != cudaSuccess) return err;
-  err = FwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
-    return flash_fwd::run_flash_fwd_split<decltype(dim)::value, typename decltype(elem)::type>(p, slots, stream);
-  });
-  if (err != cudaSuccess) return err;
-  flash_fwd::MergeParams mp;
-  mp.partial = workspace;
-  mp.out = out;
-  mp.lse = lse;
-  mp.o_batch = o_stride.batch, mp.o_head = o_stride.head, mp.o_seq = o_stride.seq;
-  mp.rows = batch * heads_q * seqlen_q;
-  mp.num_parts = p.num_parts;
-  mp.heads_q = p.heads_q;
-  mp.seqlen_q = p.seqlen_q;
-  mp.num_splits = p.num_splits;
-  return flash_fwd::run_attention_merge(dtype, head_dim, mp, stream);
+  return flash_fwd::FwdHeadDims::run(
+      dtype, head_dim,
+      [&](auto elem, auto dim, flash_fwd::Params& p, int) {
+        int slots;
+        cudaError_t err = flash_fwd::make_split_params(workspace, num_splits, batch, heads_kv, p, slots);
+        if (err != cudaSuccess) return err;
+        err = flash_fwd::run_flash_fwd_split<decltype(dim)::value, typename decltype(elem)::type>(p, slots, stream);
+        if (err != cudaSuccess) return err;
+        flash_fwd::MergeParams mp;
+        mp.partial = workspace;
+        mp.out = out;
+        mp.lse = lse;
+        mp.o_batch = o_stride.batch, mp.o_head = o_stride.head, mp.o_seq = o_stride.seq;
+        mp.rows = batch * heads_q * seqlen_q;
+        mp.num_parts = p.num_parts;
+        mp.heads_q = p.heads_q;
+        mp.seqlen_q = p.seqlen_q;
+        mp.num_splits = p.num_splits;
+        return flash_fwd::run_attention_merge(dtype, head_dim, mp, stream);
+      },
+      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
+      causal, causal_offset);
 }
 
 }  // namespace tiled_attn

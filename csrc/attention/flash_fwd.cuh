@@ -206,8 +206,9 @@ inline cudaError_t make_params(const void* q, const void* k, const void* v, void
   return cudaSuccess;
 }
 
-// The entry points' dispatch (flash_fwd.cu, sm90/flash_fwd_sm90.cu) from the runtime dtype and head
-// dim to the templates' compile-time T and D; cudaErrorInvalidValue where no instantiation matches.
+// The entry points' common path (flash_fwd.cu, sm90/flash_fwd_sm90.cu: HeadDims<...>::run): checks,
+// Params, and the dispatch from the runtime dtype and head dim to the templates' compile-time T and D;
+// cudaErrorInvalidValue where no instantiation matches.
 template <typename T>
 struct Elem {
   using type = T;
@@ -230,6 +231,18 @@ struct HeadDims {
     if (dtype == AttnDtype::kFloat16) for_elem(Elem<__half>{});
     if (dtype == AttnDtype::kBFloat16) for_elem(Elem<__nv_bfloat16>{});
     return err;
+  }
+  // An entry point's whole path: the dtype and head-dim check, Params from make_params(args..., p,
+  // batch_heads), no launch when there is nothing to compute, else dispatch to
+  // launch(Elem<T>{}, std::integral_constant<int, D>{}, p, batch_heads).
+  template <typename Launch, typename... Args>
+  static cudaError_t run(AttnDtype dtype, int64_t d, Launch&& launch, const Args&... args) {
+    if (!contains(d) || !dtype_supported(dtype)) return cudaErrorInvalidValue;
+    Params p;
+    int batch_heads;
+    const cudaError_t err = make_params(args..., p, batch_heads);
+    if (err != cudaSuccess || batch_heads == 0) return err;
+    return dispatch(dtype, d, [&](auto elem, auto dim) { return launch(elem, dim, p, batch_heads); });
   }
 };
 

@@ -23,17 +23,14 @@ cudaError_t attention_fwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                                cudaStream_t stream) {
-  if (!Sm90HeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
-  flash_fwd::Params p;
-  int batch_heads;
-  const cudaError_t err = flash_fwd::make_params(q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
-                                                 q_stride, k_stride, v_stride, o_stride, scale, causal,
-                                                 causal_offset, p, batch_heads);
-  if (err != cudaSuccess || batch_heads == 0) return err;
-  return Sm90HeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
-    using T = typename decltype(elem)::type;
-    return flash_fwd_sm90::run_flash_fwd_sm90<decltype(dim)::value, T>(p, batch_heads, stream);
-  });
+  return Sm90HeadDims::run(
+      dtype, head_dim,
+      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
+        using T = typename decltype(elem)::type;
+        return flash_fwd_sm90::run_flash_fwd_sm90<decltype(dim)::value, T>(p, batch_heads, stream);
+      },
+      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
+      causal, causal_offset);
 }
 
 }  // namespace tiled_attn
