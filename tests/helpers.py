@@ -169,3 +169,13 @@ def build_attention_emulator(name: str, out_dir: pathlib.Path) -> pathlib.Path:
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
     return exe
+
+
+def run_attention_emulator(exe: pathlib.Path, head_dim: int, timeout: int) -> str:
+    """Run an emulator from build_attention_emulator on every case of `head_dim` with a fresh seed;
+    assert it exits 0 (the message carries the seed and the output's tail) and return its stdout."""
+    seed = fresh_seed()
+    r = subprocess.run([str(exe), str(head_dim), str(seed)], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, (f"[seed={seed}] emulated {exe.name} failed for D={head_dim}:\n"
+                               f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
+    return r.stdout

@@ -27,7 +27,6 @@ import math
 import pathlib
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -35,7 +34,7 @@ import torch
 from tiled_attn import configs
 from tiled_attn.cuda import attention as cuda_attention
 
-from helpers import build_attention_emulator, fresh_seed
+from helpers import build_attention_emulator, run_attention_emulator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ATTN = ROOT / "csrc" / "attention"
@@ -168,10 +167,7 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the kernel itself (tests/test_attention.py)")
 @pytest.mark.parametrize("head_dim", cuda_attention.HEAD_DIMS)
 def test_kernel_in_the_emulator(emulator, head_dim):
-    seed = fresh_seed()
-    r = subprocess.run([str(emulator), str(head_dim), str(seed)], capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, (f"[seed={seed}] emulated kernel failed for D={head_dim}:\n"
-                               f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
+    run_attention_emulator(emulator, head_dim, timeout=1800)
 
 
 # ------------------------------------------------------------------------------------------------

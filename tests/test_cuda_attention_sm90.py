@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-import subprocess
 
 import pytest
 import torch
@@ -30,7 +29,7 @@ from tiled_attn import configs
 from tiled_attn.cuda import _build
 from tiled_attn.cuda import attention as cuda_attention
 
-from helpers import HAS_CUDA, INTERPRET, backend_available, build_attention_emulator, fresh_seed
+from helpers import HAS_CUDA, INTERPRET, backend_available, build_attention_emulator, run_attention_emulator
 from test_attention import DT, HEADS, SHAPES, _check, _qkv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -98,11 +97,8 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
 def test_kernel_in_the_emulator(emulator, head_dim):
-    seed = fresh_seed()
-    r = subprocess.run([str(emulator), str(head_dim), str(seed)], capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, (f"[seed={seed}] emulated wgmma kernel failed for D={head_dim}:\n"
-                               f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
-    assert re.search(r"^0 of \d+ cases failed$", r.stdout, re.M) and r.stdout.count("\nok ") >= 10, r.stdout[-3000:]
+    out = run_attention_emulator(emulator, head_dim, timeout=1200)
+    assert re.search(r"^0 of \d+ cases failed$", out, re.M) and out.count("\nok ") >= 10, out[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------
