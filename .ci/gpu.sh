@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
-#   bash .ci/gpu.sh STAGE...      stages: info build test test2 grid_full test_huge sanitize tune sweep_cuda_attn
-#                                 sweep_cuda_softmax sweep_softmax bench pack
+#   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
+#                                 tune sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
+# build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
+# the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
 # few files per call (2026-11-22: a bench run's JSON and markdown were left behind, 8 files came).
 # Each stage logs in full under $OUT (or ./gpu-out); a short summary is printed last.
@@ -18,6 +20,7 @@ export TILED_ATTN_FAILLOG=${TILED_ATTN_FAILLOG:-$OUT/failures.log}
 export TILED_ATTN_TIMELOG=${TILED_ATTN_TIMELOG:-$OUT/durations.log}
 export TILED_ATTN_BENCH_TRACE=${TILED_ATTN_BENCH_TRACE:-1}
 summary=()
+BUILD_PY="import time; t=time.time(); from tiled_attn.cuda import _build; _build.load(); print('extension built in %.0fs' % (time.time()-t))"
 stage() {  # stage NAME TIMEOUT_S CMD...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
@@ -35,7 +38,12 @@ racecheck() {
 for s in "$@"; do
   case "$s" in
     info) stage info 60 bash -c 'nvidia-smi; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; nvcc --version | tail -2' ;;
-    build) stage build "${BUILD_TIMEOUT:-200}" python -c "import time; t=time.time(); from tiled_attn.cuda import _build; _build.load(); print('extension built in %.0fs' % (time.time()-t))" ;;
+    build) stage build "${BUILD_TIMEOUT:-200}" python -c "$BUILD_PY" ;;
+    build_bg) (stage build "${BUILD_TIMEOUT:-200}" python -c "$BUILD_PY"; echo "${summary[-1]}" >"$OUT/build.summary") &
+              BUILD_PID=$! ;;
+    build_wait) wait "${BUILD_PID:-}" 2>/dev/null; summary+=("$(cat "$OUT/build.summary" 2>/dev/null || echo 'build      (no build_bg)')") ;;
+    # Host time per eager call and its cProfile split (benchmarks/profile_host.py).
+    profile) stage profile "${PROFILE_TIMEOUT:-120}" python benchmarks/profile_host.py --out "$OUT" ${PROFILE_ARGS:-} ;;
     # Parallel workers for the bulk (Triton compiles are CPU-bound); the >2^31-element cases
     # (~17 GB of GPU memory each) run alone afterwards so workers never contend for memory.
     test) stage test "${TEST_TIMEOUT:-300}" python -m pytest -v -n "${TEST_WORKERS:-12}" --dist loadgroup -p no:cacheprovider \

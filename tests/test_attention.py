@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import tiled_attn as ta
+from tiled_attn import _plan
 from tiled_attn import _checks, configs, reference
 from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
                      backend_available, device_for, max_err, randn, skip_reason, sm90a_build_problem)
@@ -464,10 +465,9 @@ def test_decode_is_chosen_for_short_queries():
 
 
 def _use_cpu_rows(monkeypatch):
-    """On a GPU: run the interpreter's ("cpu") config rows, with a fresh launch-plan cache."""
-    from tiled_attn.triton import attention as triton_attention
+    """On a GPU: run the interpreter's ("cpu") config rows, with no plan made from the others."""
     monkeypatch.setattr(configs, "arch", lambda dev: "cpu")
-    monkeypatch.setattr(triton_attention, "_PLANS", {})
+    _plan.clear_all()
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (64, 16), (16, 64)])
@@ -547,7 +547,6 @@ def test_merge_in_several_tiles(monkeypatch, seed):
     device = _require("triton")
     from tiled_attn.triton import attention as triton_attention
     monkeypatch.setattr(triton_attention, "MAX_MERGE_TILE", 2)
-    monkeypatch.setattr(triton_attention, "_PLANS", {})
     gen = torch.Generator().manual_seed(seed)
     for dtype in (torch.bfloat16, torch.float32):
         q, k, v = _qkv(2, 4, 2, 1, 230, 64, dtype, device, gen)
@@ -556,20 +555,26 @@ def test_merge_in_several_tiles(monkeypatch, seed):
 
 
 def test_plan_cache_follows_the_table(monkeypatch):
-    """Launch plans are cached per shape; replacing a config row must change the next launch."""
+    """Plans are cached per signature; replacing a config row must change the next launch."""
     if not backend_available("triton"):
         pytest.skip(skip_reason("triton"))
     from tiled_attn.triton import attention as triton_attention
     dev = device_for("triton")
     if dev == "cuda":
         _use_cpu_rows(monkeypatch)
-    q = torch.zeros(1, 2, 40, 32, dtype=torch.float16, device=dev)
-    k = torch.zeros(1, 2, 50, 32, dtype=torch.float16, device=dev)
-    key = ("fwd", "cpu", "*", "*", "*", "*")
-    first = triton_attention._get_plan(q, k, False, 10, "fwd", None, True)
-    assert triton_attention._get_plan(q, k, False, 10, "fwd", None, True) is first
+    made = []
+    real = triton_attention._launch_plan
+    monkeypatch.setattr(triton_attention, "_launch_plan", lambda *a: made.append(real(*a)) or made[-1])
+    q = torch.randn(1, 2, 40, 32, dtype=torch.float16, device=dev)
+    k = torch.randn(1, 2, 50, 32, dtype=torch.float16, device=dev)
+    first = ta.attention(q, k, k, backend="triton")
+    torch.testing.assert_close(ta.attention(q, k, k, backend="triton"), first, rtol=0, atol=0)
+    assert len(made) == 1  # the second call reused the plan
+    key = (made[0]["kernel"], "cpu", "*", "*", "*", "*")
     monkeypatch.setitem(configs.TRITON_ATTENTION, key, {**configs.TRITON_ATTENTION[key], "BLOCK_N": 16})
-    assert triton_attention._get_plan(q, k, False, 10, "fwd", None, True)["const"]["BLOCK_N"] == 16
+    # other tiles, other roundings
+    torch.testing.assert_close(ta.attention(q, k, k, backend="triton"), first, rtol=0, atol=2e-3)
+    assert len(made) == 2 and made[-1]["const"]["BLOCK_N"] == 16
 
 
 # -- every shipped and candidate config compiles for the H100 without spills -----------------------

@@ -53,12 +53,18 @@ def _recording_backend():
     return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), graphs
 
 
+# Our ops' backend in the compiled models: backend=None on CUDA (triton); on the CPU None is torch's
+# own softmax/SDPA (no op of ours in the graph), so the CPU tests pin the pure-PyTorch backend.
+OP_BACKEND = None if HAS_CUDA else "torch"
+
+
 class TinyBlock(nn.Module):
     """A model using all three entry points: ta.nn.Attention, ta.attention and ta.softmax."""
 
-    def __init__(self, dim=64, heads=4, kv_heads=2):
+    def __init__(self, dim=64, heads=4, kv_heads=2, backend=OP_BACKEND):
         super().__init__()
-        self.attn = ta.nn.Attention(dim, heads, kv_heads, rope_theta=10000.0)
+        self.backend = backend
+        self.attn = ta.nn.Attention(dim, heads, kv_heads, rope_theta=10000.0, backend=backend)
         self.gate = nn.Linear(dim, dim)
         self.heads = heads
 
@@ -66,8 +72,9 @@ class TinyBlock(nn.Module):
         h = x + self.attn(x)
         b, n, e = h.shape
         qkv = h.view(b, n, self.heads, e // self.heads).transpose(1, 2)
-        h = h + ta.attention(qkv, qkv, qkv, causal=False).transpose(1, 2).reshape(b, n, e)
-        return h * ta.softmax(self.gate(h), dim=1)  # softmax over the sequence dim, not the last
+        h = h + ta.attention(qkv, qkv, qkv, causal=False, backend=self.backend).transpose(1, 2).reshape(b, n, e)
+        # softmax over the sequence dim, not the last
+        return h * ta.softmax(self.gate(h), dim=1, backend=self.backend)
 
 
 def _block(seed):
@@ -109,7 +116,7 @@ def test_softmax_backward_through_compile(seed):
     w = randn((5, 37, 3), DTYPE, DEVICE, gen)
 
     def loss(x, w):
-        return (ta.softmax(x, dim=1) * w).sum()
+        return (ta.softmax(x, dim=1, backend=OP_BACKEND) * w).sum()
 
     backend, graphs = _recording_backend()
     xr = x.clone().requires_grad_()
@@ -172,8 +179,10 @@ def test_opcheck_softmax(shape, dim, transpose, backend, seed):
     x = randn(shape, torch.float32, device, torch.Generator().manual_seed(seed))
     if transpose:
         x = x.transpose(0, -1)
-    torch.library.opcheck(SOFTMAX._softmax_op, (x.requires_grad_(), dim, backend, ""))
-    y = torch.softmax(x.detach(), dim)
+    # The ops carry no autograd (DESIGN §6: it lives in an autograd.Function outside them, which
+    # the gradient tests check), so they are checked on inputs that need none.
+    torch.library.opcheck(SOFTMAX._softmax_op, (x, dim, backend, ""))
+    y = torch.softmax(x, dim)
     dy = torch.randn_like(y)
     torch.library.opcheck(SOFTMAX._softmax_backward_op, (y, dy, dim, backend))
 

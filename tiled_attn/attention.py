@@ -1,13 +1,27 @@
-"""ta.attention and ta.scaled_dot_product_attention: validate → dispatch to a backend's forward.
+"""ta.attention and ta.scaled_dot_product_attention: validate → a cached plan → launch (DESIGN §3).
 
-The forward is one torch.library custom op, `tiled_attn::attention_fwd`, so torch.compile traces it
-without a graph break. Masking is one integer: with `causal`, query i sees key j iff
-j <= i + causal_offset. ta.attention uses offset Nk − Nq (bottom-right, flash-attn ≥ 2.1);
-ta.scaled_dot_product_attention uses 0 (torch's top-left `is_causal`).
+Masking is one integer: with `causal`, query i sees key j iff j <= i + causal_offset. ta.attention
+uses offset Nk − Nq (bottom-right, flash-attn ≥ 2.1); ta.scaled_dot_product_attention uses 0
+(torch's top-left `is_causal`).
+
+One call, eager on plain tensors (tiled_attn/_plan.py says when a call is that):
+    attention(q, k, v, ...)  →  _PLANS[signature]  (a miss: validate in full, then _make_plan)
+                             →  AttentionPlan.forward(q, k, v): allocate out and lse, run the
+                                backend's launches (tiled_attn/triton/attention.py plan_forward,
+                                tiled_attn/cuda/attention.py plan_forward).
+scaled_dot_product_attention caches its own plan per signature too: which calls go to torch's SDPA
+(a tensor mask, dropout, a gradient, layouts only torch gives a meaning to) and, for the others,
+the attention plan of the 4-D (B, H, N, D) views. Traced calls (torch.compile, make_fx, ...) validate
+and go through the op `tiled_attn::attention_fwd` (torch.library.define + impl + register_fake),
+whose implementation runs the same plans. A gradient goes through `_Attention`, an
+autograd.Function outside the op: its backward raises NotImplementedError (no attention backward
+yet), so ta.scaled_dot_product_attention and ta.nn.Attention send calls that need one to torch.
 
 Backends fill preallocated outputs: `out` is laid out (B, Nq, H, D) in memory and returned as its
 (B, H, Nq, D) transpose, so a module's `out.transpose(1, 2).reshape(B, N, H*D)` is free; `lse` is a
-contiguous (B, H, Nq) float32 tensor in natural-log units.
+contiguous (B, H, Nq) float32 tensor in natural-log units. backend=None on the CPU runs torch's own
+SDPA (its fused CPU kernel; DESIGN §3: the fastest there) wherever it computes the same thing: no
+lse asked for, and every query row sees at least one key; else the pure-PyTorch torch backend.
 """
 from __future__ import annotations
 
@@ -16,9 +30,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import _checks, configs, reference
+from . import _checks, _plan, configs, reference
 
 __all__ = ["attention", "scaled_dot_product_attention"]
+
+# backend=None on the CPU: torch's own F.scaled_dot_product_attention (not a name users pass).
+NATIVE = "native"
 
 
 def _default_backend(q: torch.Tensor) -> str:
@@ -29,58 +46,197 @@ def _default_backend(q: torch.Tensor) -> str:
 
 def _alloc(q: torch.Tensor, v: torch.Tensor):
     b, h, nq, _ = q.shape
-    out = torch.empty(b, nq, h, v.shape[-1], dtype=q.dtype, device=q.device).transpose(1, 2)
+    dv = v.shape[-1]
+    out = torch.empty_strided((b, h, nq, dv), (nq * h * dv, dv, h * dv, 1), dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, nq, dtype=torch.float32, device=q.device)
     return out, lse
 
 
-@torch.library.custom_op("tiled_attn::attention_fwd", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
-                  causal_offset: int, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = (_checks.new_output(t) for t in _alloc(q, v))
-    if q.numel() == 0:
-        return out, lse
-    if k.shape[2] == 0:  # no keys: every row is empty (output 0, lse -inf), nothing to launch
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
-    if backend == "torch":
-        o, l = reference.blockwise_attention(q, k, v, causal=causal, scale=scale, return_lse=True,
-                                             causal_offset=causal_offset)
+def _effective_offset(causal: bool, offset: int, nq: int, nk: int) -> tuple[bool, int]:
+    """(causal, offset) with the mask dropped where every query sees every key."""
+    return (False, 0) if not causal or offset >= nk - 1 else (True, offset)
+
+
+# ------------------------------------------------------------------------------------------------
+# plans
+# ------------------------------------------------------------------------------------------------
+class AttentionPlan:
+    """A validated signature's forward: the backend, the outputs' layout and the launches."""
+
+    __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "scale", "causal",
+                 "offset", "empty", "run", "native_kw")
+
+    def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str):
+        self.backend, self.scale = backend, scale
+        self.causal, self.offset = causal, causal_offset
+        out, lse = _alloc(q, v)
+        self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), q.dtype, q.device
+        self.lse_size = lse.shape
+        # Nothing to compute: no query rows, or no keys (every row empty: output 0, lse -inf).
+        self.empty = "rows" if q.numel() == 0 else "keys" if k.shape[2] == 0 else None
+        self.run, self.native_kw = None, None
+        if self.empty is not None:
+            return
+        if backend == NATIVE:
+            self.native_kw = _native_kwargs(q, k, scale, causal, causal_offset)
+        elif backend == "torch":
+            self.run = self._run_reference
+        elif backend == "triton":
+            from .triton import attention as triton_attention
+            self.run = triton_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset)
+        elif backend == "cuda":
+            from .cuda import attention as cuda_attention
+            self.run = cuda_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset)
+        else:
+            raise AssertionError(backend)
+
+    def _run_reference(self, q, k, v, out, lse):
+        o, l = reference.blockwise_attention(q, k, v, causal=self.causal, scale=self.scale,
+                                             return_lse=True, causal_offset=self.offset)
         out.copy_(o)
         lse.copy_(l)
-    elif backend == "triton":
-        from .triton import attention as triton_attention
-        triton_attention.attention_forward(q, k, v, out, lse, scale, causal, causal_offset)
-    elif backend == "cuda":
+
+    def forward(self, q, k, v):
+        """(out, lse); lse is None on the native path (planned only where no lse is asked for)."""
+        if self.native_kw is not None:
+            return F.scaled_dot_product_attention(q, k, v, **self.native_kw), None
+        out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_size, dtype=torch.float32, device=self.device)
+        if _checks.POISON_OUTPUTS:
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        if self.run is not None:
+            self.run(q, k, v, out, lse)
+        elif self.empty == "keys":
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return out, lse
+
+
+def _native_kwargs(q, k, scale: float, causal: bool, causal_offset: int) -> dict:
+    """F.scaled_dot_product_attention's arguments for our call (a mask _backend_for admitted)."""
+    nq, nk = q.shape[2], k.shape[2]
+    causal, offset = _effective_offset(causal, causal_offset, nq, nk)
+    kw = {"scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if causal and offset == 0:  # torch's top-left is_causal
+        kw["is_causal"] = True
+    elif causal:  # offset == Nk - Nq > 0, bottom-right: query i sees keys j <= i + offset
+        kw["attn_mask"] = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(offset)
+    return kw
+
+
+def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend) -> str:
+    if backend is not None:
+        return backend
+    nq, nk = q.shape[2], k.shape[2]
+    # Masks torch's SDPA states: none, top-left (offset 0) or bottom-right (offset Nk - Nq), where
+    # every row sees a key (so its result is defined and the same as ours).
+    same_mask = not causal or causal_offset == 0 or causal_offset == nk - nq >= 0
+    if q.device.type == "cpu" and not need_lse and same_mask:
+        return NATIVE
+    return _default_backend(q)
+
+
+_PLANS = _plan.PlanCache("attention")
+
+
+def _plan_for(q, k, v, scale, causal: bool, causal_offset: int, need_lse: bool, backend):
+    """The plan of this call's signature (plain tensors): a hit means the same signature was
+    validated before; a miss validates (DESIGN §5) and plans."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, k.device, v.device, scale, type(scale), causal, type(causal), causal_offset, need_lse,
+           backend)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validation names it
+        key = plan = None
+    if plan is None:
+        _checks.check_attention(q, k, v, scale, backend)
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        plan = _PLANS.put(key, _make_plan(q, k, v, scale, causal, causal_offset, need_lse, backend))
+    return plan
+
+
+def _make_plan(q, k, v, scale, causal, causal_offset, need_lse, backend) -> AttentionPlan:
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend)
+    if backend == "cuda":
         from . import cuda
-        cuda.attention_forward(q, k, v, out, lse, scale, causal, causal_offset)
-    else:
-        raise AssertionError(backend)
-    return out, lse
+        cuda.require_attention(q)
+    return AttentionPlan(q, k, v, scale, causal, causal_offset, backend)
 
 
-@_attention_op.register_fake
+# ------------------------------------------------------------------------------------------------
+# the op (for tracing) and autograd
+# ------------------------------------------------------------------------------------------------
+torch.library.define("tiled_attn::attention_fwd",
+                     "(Tensor q, Tensor k, Tensor v, float scale, bool causal, int causal_offset, "
+                     "str backend) -> (Tensor, Tensor)")
+
+
+@torch.library.impl("tiled_attn::attention_fwd", "CompositeExplicitAutograd")
+def _attention_impl(q, k, v, scale, causal, causal_offset, backend):
+    return _plan_for(q, k, v, scale, causal, causal_offset, True, backend).forward(q, k, v)
+
+
+@torch.library.register_fake("tiled_attn::attention_fwd")
 def _(q, k, v, scale, causal, causal_offset, backend):
     return _alloc(q, v)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError(
-        "tiled_attn.attention has a forward pass only: backward is not implemented yet. For "
-        "training, call torch.nn.functional.scaled_dot_product_attention (or "
-        "ta.scaled_dot_product_attention, which routes to it when a gradient is needed).")
+_attention_op = torch.ops.tiled_attn.attention_fwd.default
 
 
-_attention_op.register_autograd(_no_backward, setup_context=lambda ctx, inputs, output: None)
+def _plain(*tensors) -> bool:
+    return all(type(t) is torch.Tensor for t in tensors) and _plan.eager()
+
+
+def _grad_needed(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _forward(q, k, v, scale, causal, causal_offset, backend):
+    if _plain(q, k, v):
+        return _plan_for(q, k, v, scale, causal, causal_offset, True, backend).forward(q, k, v)
+    return _attention_op(q, k, v, scale, causal, causal_offset, backend)
+
+
+class _Attention(torch.autograd.Function):
+    """The forward with autograd recording; no backward yet."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, causal_offset, backend):
+        out, lse = _forward(q, k, v, scale, causal, causal_offset, backend)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        raise NotImplementedError(
+            "tiled_attn.attention has a forward pass only: backward is not implemented yet. For "
+            "training, call torch.nn.functional.scaled_dot_product_attention (or "
+            "ta.scaled_dot_product_attention, which routes to it when a gradient is needed).")
+
+
+def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend):
+    """Any call that is not eager on plain tensors: validate, then the op (Dynamo keeps it as one
+    node; its fake implementation gives shapes), or torch's SDPA where that is backend=None's
+    choice (the CPU)."""
+    _checks.check_attention(q, k, v, scale, backend)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    backend = backend or _default_backend(q)
+    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend)
+    if backend == NATIVE:
+        if k.shape[2] == 0:  # every row empty: output 0 (torch's SDPA is undefined there)
+            return q.new_zeros(q.shape[:3] + v.shape[3:]), None
+        return F.scaled_dot_product_attention(q, k, v, **_native_kwargs(q, k, scale, causal, causal_offset)), None
     if backend == "cuda":
         from . import cuda
         cuda.require_attention(q)
+    if _grad_needed(q, k, v):
+        return _Attention.apply(q, k, v, scale, causal, causal_offset, backend)
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)
 
 
@@ -95,25 +251,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            j <= i + Nk − Nq. Rows that see no key (Nq > Nk) give output 0 and lse -inf.
         scale: defaults to 1/sqrt(D).
         return_lse: also return lse (B, Hq, Nq) float32, natural log of Σ_j exp(scale·q·k_j).
-        backend: None (fastest measured for the device; "torch" on the CPU), "triton", "cuda",
-           "torch" (blockwise online attention in PyTorch).
+        backend: None (the fastest measured for the device: "triton" on CUDA; on the CPU torch's
+           own SDPA where it computes the same, else "torch"), "triton", "cuda", "torch"
+           (blockwise online attention in PyTorch: the reference).
 
-    Forward only: a backward through it raises NotImplementedError.
+    Forward only: a backward through it raises NotImplementedError (on the CPU's native path,
+    torch's SDPA, autograd works).
     """
-    _checks.check_attention(q, k, v, scale, backend)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    out, lse = _forward(q, k, v, scale, causal, k.shape[2] - q.shape[2], backend)
+    try:
+        offset = k.shape[2] - q.shape[2]
+    except (AttributeError, IndexError, TypeError):
+        offset = 0  # not 4-D tensors: validation names what is wrong
+    if _plain(q, k, v):
+        plan = _plan_for(q, k, v, scale, causal, offset, return_lse, backend)
+        if plan.native_kw is not None or not _grad_needed(q, k, v):
+            out, lse = plan.forward(q, k, v)
+        else:
+            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend)
+    else:
+        out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend)
     return (out, lse) if return_lse else out
 
 
+# ------------------------------------------------------------------------------------------------
+# scaled_dot_product_attention
+# ------------------------------------------------------------------------------------------------
 def _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) -> str | None:
     """Why a call must go to torch's own SDPA, or None when our kernels compute it exactly."""
     if attn_mask is not None:
         return "attn_mask"
     if dropout_p:
         return "dropout_p > 0"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+    if _grad_needed(query, key, value):
         return "a gradient is needed (tiled_attn has no attention backward yet)"
     if value.shape[-1] != query.shape[-1] or query.shape[-1] > _checks.MAX_HEAD_DIM:
         return "head dims our kernels do not cover"
@@ -137,6 +306,52 @@ def _torch_layout(query, key, value, enable_gqa) -> bool:
     return not (hq == hk or hk == 1 or enable_gqa)
 
 
+def _check_sdpa(query, key, value, attn_mask, is_causal, enable_gqa) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _checks.check_tensor(name, t)
+    if attn_mask is not None and is_causal:
+        raise ValueError("attn_mask and is_causal cannot both be set (as in torch)")
+    if (not enable_gqa and min(t.dim() for t in (query, key)) >= 3
+            and query.shape[-3] != key.shape[-3] and 1 not in (query.shape[-3], key.shape[-3])):
+        raise ValueError(f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
+                         "enable_gqa=True for grouped-query attention (as in torch)")
+
+
+def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    kwargs = {"enable_gqa": enable_gqa} if enable_gqa else {}
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, **kwargs)
+
+
+class _SdpaPlan:
+    """One signature of ta.scaled_dot_product_attention on plain tensors without a mask: torch's
+    SDPA (`attention` None) or ours on the (B, H, N, D) views (`attention`: their plan)."""
+
+    __slots__ = ("attention", "shape4", "out_shape")
+
+    def __init__(self, query, key, value, is_causal, scale, enable_gqa):
+        self.attention = self.shape4 = self.out_shape = None
+        if _torch_layout(query, key, value, enable_gqa) or _needs_torch_sdpa(query, key, value, None, 0.0):
+            return
+        batch = query.shape[:-3]
+        if len(batch) != 1:  # 3-D or 5-D+: ours runs on (B, H, N, D) views (reshape: no copy here)
+            # An explicit batch size, not -1: a reshape of an empty tensor cannot infer it.
+            b = math.prod(batch)
+            self.shape4 = [(b,) + tuple(t.shape[-3:]) for t in (query, key, value)]
+            query, key, value = (t.reshape(s) for t, s in zip((query, key, value), self.shape4))
+            self.out_shape = batch + (query.shape[1], query.shape[2], value.shape[3])
+        self.attention = _plan_for(query, key, value, scale, bool(is_causal), 0, False, None)
+
+    def forward(self, query, key, value):
+        if self.shape4 is not None:
+            query, key, value = (t.reshape(s) for t, s in zip((query, key, value), self.shape4))
+            return self.attention.forward(query, key, value)[0].reshape(self.out_shape)
+        return self.attention.forward(query, key, value)[0]
+
+
+_SDPA_PLANS = _plan.PlanCache("sdpa")
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention's signature and meaning, on our kernels.
@@ -151,25 +366,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     is enabled (we have no backward yet), a value head dim different from the query's, a head
     dim over 256, float64, and shapes that only torch's broadcasting gives a meaning to (fewer
     than 3 dims, leading dims of different sizes, a query with one head against several).
+    On the CPU, ours is torch's SDPA too (backend=None's choice there, see ta.attention).
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _checks.check_tensor(name, t)
-    if attn_mask is not None and is_causal:
-        raise ValueError("attn_mask and is_causal cannot both be set (as in torch)")
-    if (not enable_gqa and min(t.dim() for t in (query, key)) >= 3
-            and query.shape[-3] != key.shape[-3] and 1 not in (query.shape[-3], key.shape[-3])):
-        raise ValueError(f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
-                         "enable_gqa=True for grouped-query attention (as in torch)")
+    if attn_mask is None and not dropout_p and _plain(query, key, value):
+        grad = _grad_needed(query, key, value)
+        sig = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(),
+               query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
+               is_causal, type(is_causal), scale, type(scale), enable_gqa, type(enable_gqa), grad)
+        try:
+            plan = _SDPA_PLANS.get(sig)
+        except TypeError:
+            sig = plan = None
+        if plan is None:
+            _check_sdpa(query, key, value, None, is_causal, enable_gqa)
+            plan = _SDPA_PLANS.put(sig, _SdpaPlan(query, key, value, is_causal, scale, enable_gqa))
+        if plan.attention is not None:
+            return plan.forward(query, key, value)
+        return _torch_sdpa(query, key, value, None, dropout_p, is_causal, scale, enable_gqa)
+    _check_sdpa(query, key, value, attn_mask, is_causal, enable_gqa)
     if (_torch_layout(query, key, value, enable_gqa)
             or _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) is not None):
-        kwargs = {"enable_gqa": enable_gqa} if enable_gqa else {}
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                              dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                              **kwargs)
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     batch_shape = query.shape[:-3]
-    # An explicit batch size, not -1: a reshape of an empty tensor cannot infer it.
     b = math.prod(batch_shape)
     q, k, v = (t.reshape((b,) + tuple(t.shape[-3:])) for t in (query, key, value))
-    _checks.check_attention(q, k, v, scale, None)
-    out, _ = _forward(q, k, v, scale, bool(is_causal), 0, None)
+    out, _ = _traced(q, k, v, scale, bool(is_causal), 0, False, None)
     return out.reshape(batch_shape + out.shape[1:])

@@ -40,16 +40,57 @@ def lookup(table: dict, key: tuple, what: str) -> dict:
     raise KeyError(f"no launch config for {what} {key}: add a row to tiled_attn/configs.py")
 
 
+class _Table(dict):
+    """A dict that counts its changes (`version`) and drops every cached plan when it changes: plans
+    (tiled_attn/_plan.py) are made from the rows as they were."""
+    version = 0
+
+    def _changed(self):
+        self.version += 1
+        from . import _plan
+        _plan.clear_all()  # every cached plan was made from the tables as they were
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def pop(self, *args):
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        self._changed()
+        return super().setdefault(key, default)
+
+
 # ---------------------------------------------------------------------------------------------
 # Default backend per op and device (DESIGN §3: None picks the fastest measured for the device).
 # ---------------------------------------------------------------------------------------------
-DEFAULT_BACKEND = {
+# On the CPU backend=None runs torch's own softmax / SDPA wherever they compute the same thing
+# (tiled_attn/softmax.py, attention.py: "native"); the "cpu" rows are what runs where they do not.
+DEFAULT_BACKEND = _Table({
     # (op, device type): backend
     ("softmax", "cpu"): "torch",
     ("softmax", "cuda"): "triton",
     ("attention", "cpu"): "torch",
     ("attention", "cuda"): "triton",
-}
+})
 
 # ---------------------------------------------------------------------------------------------
 # Triton softmax (tiled_attn/triton/softmax.py) — owned by that module's author.
@@ -126,7 +167,7 @@ _INF = float("inf")
 _SPLIT_FP32 = dict(BLOCK_M=1, BLOCK_N=4096, BLOCK_N_STRIDED=2048, num_warps=8, num_stages=1,
                    PROGRAMS_PER_SM=4, MIN_TILES=4)
 _SPLIT_ANY = dict(_SPLIT_FP32, BLOCK_N=8192)
-TRITON_SOFTMAX: dict = {
+TRITON_SOFTMAX: dict = _Table({
     # ---- row: the row is one tile in registers -------------------------------------------------
     ("row", "any", "any", 32): dict(BLOCK_M=128, num_warps=4, num_stages=2),
     ("row", "any", "any", 128): dict(BLOCK_M=32, num_warps=4, num_stages=2),
@@ -249,7 +290,7 @@ TRITON_SOFTMAX: dict = {
     # ---- sweep_triton_softmax.py --apply (end)
     ("split", "sm90", "fp32", _INF): dict(_SPLIT_FP32, SINGLE_PASS=True),
     ("split", "sm90", "any", _INF): dict(_SPLIT_ANY, SINGLE_PASS=True),
-}
+})
 
 # The default kernel (kernel=None) per (arch, dtype): "row" while N <= row_max_n (fits in
 # registers; "backward_row" while N <= backward_row_max_n, two tensors on chip), else "split" when
@@ -258,10 +299,10 @@ TRITON_SOFTMAX: dict = {
 # registers without spilling (see above; 16K for the backward, which holds y and dy); fewer than 2
 # rows per SM leaves SMs idle. "cpu" (interpreter) uses a small row limit and a pretend SM count so
 # CI exercises every default path at small sizes.
-TRITON_SOFTMAX_DEFAULT: dict = {
+TRITON_SOFTMAX_DEFAULT: dict = _Table({
     ("any", "any"): dict(row_max_n=32768, backward_row_max_n=16384, split_rows_per_sm=2),
     ("cpu", "any"): dict(row_max_n=1024, backward_row_max_n=1024, split_rows_per_sm=2, sm_count=4),
-}
+})
 
 
 # [keys it was built from, {(kernel, arch, dtype): sorted size-class bounds}]
@@ -340,7 +381,7 @@ def triton_softmax_default(arch_: str, dtype: str) -> dict:
 # * the backward: warp-cached up to 1024 columns, then a block per row whose re-read hits L1/L2,
 #   split past 16K columns.
 _CUDA_ANY_N = float("inf")
-CUDA_SOFTMAX: dict = {
+CUDA_SOFTMAX: dict = _Table({
     ("default", "any", "any", 1024): dict(kernel="warp_row"),
     ("default", "any", "any", 8192): dict(kernel="block_row_reg"),
     ("default", "any", "any", 262144): dict(kernel="block_row_smem", few_rows=64,
@@ -376,7 +417,7 @@ CUDA_SOFTMAX: dict = {
     ("block_row_smem", "sm90", "bf16", _CUDA_ANY_N): dict(threads=256, cluster=1, cta_bytes=114688),
     ("split_row", "sm90", "fp32", _CUDA_ANY_N): dict(threads=512, chunk=16384, min_chunk=4096,
                                                     blocks_per_sm=4),
-}
+})
 
 
 def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
@@ -434,42 +475,6 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # tiles, the diagonal band and the ragged edges, large enough that the interpreter (~10 ms per key
 # tile, measured) keeps the test file within minutes; tests/test_attention.py::test_tile_shapes
 # covers 16-wide and unequal BLOCK_M/BLOCK_N tiles, test_kernel_variants every FMA/LATE_L/ADDR.
-
-
-class _Table(dict):
-    """A dict that counts its changes (`version`), for caches built from its rows."""
-    version = 0
-
-    def _changed(self):
-        self.version += 1
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        self._changed()
-
-    def __delitem__(self, key):
-        super().__delitem__(key)
-        self._changed()
-
-    def clear(self):
-        super().clear()
-        self._changed()
-
-    def update(self, *args, **kwargs):
-        super().update(*args, **kwargs)
-        self._changed()
-
-    def pop(self, *args):
-        self._changed()
-        return super().pop(*args)
-
-    def popitem(self):
-        self._changed()
-        return super().popitem()
-
-    def setdefault(self, key, default=None):
-        self._changed()
-        return super().setdefault(key, default)
 
 
 # The kernel-structure fields a row may leave out: the first version's kernel.
@@ -535,7 +540,7 @@ TRITON_ATTENTION: dict = _Table({
 # until benchmarks/sweep_cuda_attention.py measures the variants on the H100 (its report prints the
 # rows to paste here). Every row compiles with 0 spill bytes for sm_90a (ptxas -v, nvcc 13.0).
 # smem_bytes = (block_m + (2·stages + skew)·block_n)·(D+8)·2.
-CUDA_ATTENTION: dict = {
+CUDA_ATTENTION: dict = _Table({
     ("fwd", "any", "*", 32): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs",), "min_blocks": 1},
     ("fwd", "any", "*", 64): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": ("q_in_regs", "fold", "lean"), "min_blocks": 1},
     ("fwd", "any", "*", 96): {"block_m": 128, "block_n": 64, "warps": 4, "stages": 2, "flags": (), "min_blocks": 1},
@@ -570,4 +575,4 @@ CUDA_ATTENTION: dict = {
     **{("fwd_wgmma", "sm90", "*", d): {"kernel": "wgmma", "block_m": 128, "block_n": 128 if d <= 128 else 64,
                                       "warpgroups": 2, "stages": 2, "swizzle": 128}
        for d in (64, 128, 256)},
-}
+})

@@ -1,20 +1,31 @@
-"""ta.softmax: validate → choose backend/kernel → a torch.library custom op with a fused backward.
+"""ta.softmax: validate → a cached plan → launch (DESIGN §3), with a fused backward.
 
-Every backend sees the same thing: a 2-D (M, N) view of the input whose rows are the softmax rows
+Every backend sees the same thing: the input as an (M, N) matrix whose rows are the softmax rows
 (any row and column strides), and a row-major (M, N) output to fill. Moving `dim` last and flattening
 the leading dims is a view for every layout where that is possible (contiguous, transposed,
 step-sliced rows, ...); a layout whose leading dims cannot be flattened into one row stride (e.g.
-dim=1 of a contiguous 3-D tensor) is copied once into that order first.
+dim=1 of a contiguous 3-D tensor) is copied once into that order first. The output is laid out with
+`dim` innermost (rows contiguous) and viewed back to x's shape: its strides are a function of x's
+shape and `dim` only, which is what the fake (meta) implementation needs for torch.compile.
 
-The output is laid out with `dim` innermost (rows contiguous), then viewed back to x's shape; its
-strides are a function of x's shape and `dim` only, which is what the fake (meta) implementation
-needs for torch.compile.
+One call, eager on a plain tensor (tiled_attn/_plan.py says when a call is that):
+    softmax(x, dim)  →  _PLANS[signature]  (a miss: _make_plan validates in full and plans)
+                     →  SoftmaxPlan.forward(x): allocate the output, run the backend's launches.
+With autograd recording, the same plan runs inside `_Softmax`, a torch.autograd.Function whose
+backward runs a backward plan (dx = y·(dy − Σ dy·y)). Traced calls (torch.compile, make_fx, ...)
+validate and go through the ops `tiled_attn::softmax` / `tiled_attn::softmax_backward`, registered
+with torch.library.define + impl + register_fake; their implementations use the same plans.
+
+Backends: "triton" and "cuda" (tiled_attn/triton/softmax.py, tiled_attn/cuda/softmax.py: each has a
+plan_forward / plan_backward that returns its launches as a function), "torch" (the pure-PyTorch
+tiled online algorithm of reference.py) and, for backend=None on the CPU, torch's own softmax: the
+same function, and the fastest there (DESIGN §3: None picks the fastest measured for the device).
 """
 from __future__ import annotations
 
 import torch
 
-from . import _checks, configs, reference
+from . import _checks, _plan, configs, reference
 
 __all__ = ["softmax", "softmax_kernels"]
 
@@ -22,13 +33,15 @@ __all__ = ["softmax", "softmax_kernels"]
 # reference.online_softmax (one column at a time) is a reference for the recurrence, not a backend
 # kernel: a sequential sum's O(N·eps) error would fail the numerics rule on long rows.
 TORCH_KERNELS = ("tiled", "safe")
+# backend=None on the CPU: torch.softmax itself (not a name users pass).
+NATIVE = "native"
 
 
 def _backend_module(backend: str):
     if backend == "triton":
         from .triton import softmax as mod
     elif backend == "cuda":
-        from . import cuda as mod
+        from .cuda import softmax as mod
     else:
         raise AssertionError(backend)
     return mod
@@ -50,9 +63,9 @@ def _check_kernel(backend: str, kernel: str | None) -> None:
 
 
 def _default_backend(x: torch.Tensor) -> str:
-    backend = configs.DEFAULT_BACKEND[("softmax", x.device.type)]
-    if x.dtype == torch.float64:
+    if x.dtype == torch.float64 and x.device.type != "cpu":
         return "torch"
+    backend = configs.DEFAULT_BACKEND[("softmax", x.device.type)]
     if backend == "cuda":
         from . import cuda
         if not cuda.is_available():
@@ -76,74 +89,184 @@ def _alloc_out(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.empty(moved_shape, dtype=x.dtype, device=x.device).movedim(-1, dim)
 
 
-def _new_out(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return _checks.new_output(_alloc_out(x, dim))
-
-
 def _out_rows(out: torch.Tensor, dim: int) -> torch.Tensor:
     moved = out.movedim(dim, -1)
     n = moved.shape[-1]
     return moved.view(moved.numel() // n if n else 0, n)
 
 
-def _forward(x: torch.Tensor, dim: int, backend: str, kernel: str) -> torch.Tensor:
-    kernel = kernel or None
-    if backend == "torch":
-        fn = {"tiled": reference.tiled_softmax, "safe": reference.safe_softmax}[kernel or "tiled"]
-        out = _new_out(x, dim)
-        if x.numel():
-            out.copy_(fn(x, dim))
+def _rows_are_a_view(x: torch.Tensor, dim: int) -> bool:
+    """Whether _rows(x, dim) is a view, so that a kernel planned on it can read x itself."""
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    try:
+        moved.view(moved.numel() // n if n else 0, n)
+    except RuntimeError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# plans
+# ------------------------------------------------------------------------------------------------
+class SoftmaxPlan:
+    """A validated signature's forward: the output's layout and the backend's launches."""
+
+    __slots__ = ("dim", "backend", "kernel", "size", "stride", "dtype", "device", "run", "copy")
+
+    def __init__(self, x: torch.Tensor, dim: int, backend: str, kernel: str | None):
+        self.dim, self.backend, self.kernel = dim, backend, kernel
+        out = _alloc_out(x, dim)
+        self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), x.dtype, x.device
+        self.run, self.copy = None, False
+        if backend in ("triton", "cuda") and x.numel():
+            self.copy = not _rows_are_a_view(x, dim)
+            self.run = _backend_module(backend).plan_forward(_rows(x, dim), _out_rows(out, dim), kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        backend = self.backend
+        if backend == NATIVE:
+            return torch.softmax(x, self.dim)
+        out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        if _checks.POISON_OUTPUTS:
+            out.fill_(float("nan"))
+        if self.run is not None:
+            self.run(_rows(x, self.dim) if self.copy else x, out)
+        elif backend == "torch" and x.numel():
+            fn = reference.safe_softmax if self.kernel == "safe" else reference.tiled_softmax
+            out.copy_(fn(x, self.dim))
         return out
-    out = _new_out(x, dim)
-    if x.numel():
-        _backend_module(backend).softmax_forward(_rows(x, dim), _out_rows(out, dim), kernel)
-    return out
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
-    if backend == "torch":
-        dx = _new_out(y, dim)
-        if y.numel():
-            dx.copy_(reference.softmax_backward(y, dy, dim))
+class SoftmaxBackwardPlan:
+    """dx = y·(dy − Σ dy·y) for one signature of (y, dy)."""
+
+    __slots__ = ("dim", "backend", "size", "stride", "dtype", "device", "run", "copy_y", "copy_dy")
+
+    def __init__(self, y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str):
+        self.dim, self.backend = dim, backend
+        dx = _alloc_out(y, dim)
+        self.size, self.stride, self.dtype, self.device = dx.shape, dx.stride(), y.dtype, y.device
+        self.run, self.copy_y, self.copy_dy = None, False, False
+        if backend in ("triton", "cuda") and y.numel():
+            # y is the forward's output (rows contiguous) under autograd; the op may get any layout.
+            self.copy_y, self.copy_dy = not _rows_are_a_view(y, dim), not _rows_are_a_view(dy, dim)
+            self.run = _backend_module(backend).plan_backward(_rows(y, dim), _rows(dy, dim),
+                                                              _out_rows(dx, dim))
+
+    def backward(self, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        dx = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        if _checks.POISON_OUTPUTS:
+            dx.fill_(float("nan"))
+        if self.run is not None:
+            dim = self.dim
+            self.run(_rows(y, dim) if self.copy_y else y, _rows(dy, dim) if self.copy_dy else dy, dx)
+        elif y.numel():
+            dx.copy_(reference.softmax_backward(y, dy, self.dim))
         return dx
-    dx = _new_out(y, dim)
-    if y.numel():
-        _backend_module(backend).softmax_backward(_rows(y, dim), _rows(dy, dim), _out_rows(dx, dim))
-    return dx
 
 
-@torch.library.custom_op("tiled_attn::softmax", mutates_args=())
-def _softmax_op(x: torch.Tensor, dim: int, backend: str, kernel: str) -> torch.Tensor:
-    return _forward(x, dim, backend, kernel)
+_PLANS = _plan.PlanCache("softmax")
+_BACKWARD_PLANS = _plan.PlanCache("softmax_backward")
 
 
-@_softmax_op.register_fake
+def _resolve(x, dim, backend, kernel) -> tuple[int, str]:
+    """Validate (DESIGN §5) and pick the backend: (dim made non-negative, backend)."""
+    dim = _checks.check_softmax(x, dim, backend, kernel)
+    if backend is not None:
+        _check_kernel(backend, kernel)
+    elif x.device.type == "cpu" or x.dtype == torch.float64:
+        # torch's own softmax: the same function, the fastest on the CPU (our kernels run there
+        # only in Triton's interpreter), and the only float64 one on a GPU.
+        backend = NATIVE
+    else:
+        backend = _default_backend(x)
+    return dim, backend
+
+
+def _plan_for(x: torch.Tensor, dim: int, backend: str | None, kernel: str | None):
+    """The plan of this call's signature (x a plain tensor of >= 1 dim, dim an int): a hit means
+    the same signature was validated before; a miss validates and plans."""
+    key = (x.shape, x.stride(), x.dtype, x.device, dim, backend, kernel)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validation names it
+        key = plan = None
+    if plan is None:
+        dim_, backend_ = _resolve(x, dim, backend, kernel)
+        plan = _PLANS.put(key, SoftmaxPlan(x, dim_, backend_, kernel))
+    return plan
+
+
+def _backward_plan_for(y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str):
+    key = (y.shape, y.stride(), y.dtype, y.device, dy.shape, dy.stride(), dy.dtype, dy.device, dim, backend)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is None:
+        if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
+            raise ValueError(f"dy must match y (shape {tuple(y.shape)}, {y.dtype}, {y.device}), got "
+                             f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}")
+        plan = _BACKWARD_PLANS.put(key, SoftmaxBackwardPlan(y, dy, dim, backend))
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# ops (for tracing) and autograd
+# ------------------------------------------------------------------------------------------------
+torch.library.define("tiled_attn::softmax", "(Tensor x, int dim, str backend, str kernel) -> Tensor")
+torch.library.define("tiled_attn::softmax_backward",
+                     "(Tensor y, Tensor dy, int dim, str backend) -> Tensor")
+
+
+@torch.library.impl("tiled_attn::softmax", "CompositeExplicitAutograd")
+def _softmax_impl(x, dim, backend, kernel):
+    return _plan_for(x, dim, backend, kernel or None).forward(x)
+
+
+@torch.library.register_fake("tiled_attn::softmax")
 def _(x, dim, backend, kernel):
     return _alloc_out(x, dim)
 
 
-@torch.library.custom_op("tiled_attn::softmax_backward", mutates_args=())
-def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
-    return _backward(y, dy, dim, backend)
+@torch.library.impl("tiled_attn::softmax_backward", "CompositeExplicitAutograd")
+def _softmax_backward_impl(y, dy, dim, backend):
+    return _backward_plan_for(y, dy, dim, backend).backward(y, dy)
 
 
-@_softmax_backward_op.register_fake
+@torch.library.register_fake("tiled_attn::softmax_backward")
 def _(y, dy, dim, backend):
     return _alloc_out(y, dim)
 
 
-def _setup_context(ctx, inputs, output):
-    _, dim, backend, _ = inputs
-    ctx.save_for_backward(output)
-    ctx.dim, ctx.backend = dim, backend
+_softmax_op = torch.ops.tiled_attn.softmax.default
+_softmax_backward_op = torch.ops.tiled_attn.softmax_backward.default
 
 
-def _backward_rule(ctx, grad):
-    (y,) = ctx.saved_tensors
-    return _softmax_backward_op(y, grad, ctx.dim, ctx.backend), None, None, None
+def _forward(x, dim, backend, kernel):
+    if type(x) is torch.Tensor and _plan.eager():
+        return _plan_for(x, dim, backend, kernel).forward(x)
+    return _softmax_op(x, dim, backend, kernel or "")
 
 
-_softmax_op.register_autograd(_backward_rule, setup_context=_setup_context)
+def _backward(y, dy, dim, backend):
+    if type(y) is torch.Tensor and type(dy) is torch.Tensor and _plan.eager():
+        return _backward_plan_for(y, dy, dim, backend).backward(y, dy)
+    return _softmax_backward_op(y, dy, dim, backend)
+
+
+class _Softmax(torch.autograd.Function):
+    """y = softmax(x) with the fused backward dx = y·(dy − Σ dy·y) on the same backend."""
+
+    @staticmethod
+    def forward(ctx, x, dim, backend, kernel):
+        y = _forward(x, dim, backend, kernel)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.backend = dim, backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _backward(y, dy, ctx.dim, ctx.backend), None, None, None
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
@@ -154,21 +277,26 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
         x: float32, float16 or bfloat16 (float64 on backend="torch"), any shape, strides or size,
            including empty tensors and rows of tens of millions of columns.
         dim: the reduction dim (negative counts from the end).
-        backend: None (fastest measured for the device: "torch" on the CPU), "triton", "cuda"
-           or "torch" (pure PyTorch, tiled online algorithm).
+        backend: None (the fastest measured for the device: "triton" on CUDA, torch.softmax itself
+           on the CPU and for float64), "triton", "cuda" or "torch" (pure PyTorch, tiled online
+           algorithm: the reference).
         kernel: one of `softmax_kernels(backend)` to pin a kernel, e.g. a baseline of the ladder.
 
     Returns a tensor of x's shape and dtype (accumulation in float32). Differentiable: the
     backward is the fused dx = y·(dy − Σ dy·y) on the same backend. A row of only -inf, or any
     +inf/NaN in a row, gives NaN for that row, as torch.softmax does.
     """
-    dim = _checks.check_softmax(x, dim, backend, kernel)
-    if backend is not None:
-        _check_kernel(backend, kernel)
-    if x.dim() == 0:
+    if type(x) is torch.Tensor and type(dim) is int and x.ndim and _plan.eager():
+        plan = _plan_for(x, dim, backend, kernel)
+        if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
+            return plan.forward(x)
+        return _Softmax.apply(x, dim, plan.backend, kernel)
+    # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.
+    dim, backend = _resolve(x, dim, backend, kernel)
+    if backend == NATIVE:
+        return torch.softmax(x, dim)
+    if x.dim() == 0:  # the softmax of one element, through the 1-element row
         return softmax(x.reshape(1), 0, backend=backend, kernel=kernel).reshape(())
-    backend = backend or _default_backend(x)
-    if backend == "cuda":
-        from . import cuda
-        cuda.require()
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Softmax.apply(x, dim, backend, kernel)
     return _softmax_op(x, dim, backend, kernel or "")

@@ -53,6 +53,9 @@ import contextlib
 import torch
 
 from .. import configs
+from .. import _plan
+from .._plan import current_stream as _stream
+from . import _build
 
 __all__ = ["HEAD_DIMS", "DTYPES", "require_attention", "attention_forward", "tile_config", "decode_config",
            "split_plan", "KERNELS", "SM90_HEAD_DIMS", "forced_kernel", "select_kernel"]
@@ -69,8 +72,7 @@ def _extension(device: torch.device):
 
 
 def _call(fn, *args):
-    from ._build import call  # every call into the extension goes through it (it raises the errors)
-    return call(fn, *args)
+    return _build.call(fn, *args)  # every call into the extension goes through it (it raises the errors)
 
 
 def require_attention(q: torch.Tensor) -> None:
@@ -175,10 +177,12 @@ def forced_kernel(kernel: str | None):
         raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
     previous = _forced[0]
     _forced[0] = kernel
+    _plan.clear_all()  # plans made before chose their kernel without this one
     try:
         yield
     finally:
         _forced[0] = previous
+        _plan.clear_all()
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
@@ -208,7 +212,12 @@ def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> 
 def _kernel_ready(t: torch.Tensor, sizes) -> bool:
     """16-byte chunks apply: contiguous last dim, aligned base, strides in multiples of 8 elements
     on every dim that has more than one index."""
-    if t.stride(-1) != 1 or t.data_ptr() % 16 != 0:
+    return _layout_ready(t, sizes) and t.data_ptr() % 16 == 0
+
+
+def _layout_ready(t: torch.Tensor, sizes) -> bool:
+    """The part of _kernel_ready a plan's signature decides (everything but the base address)."""
+    if t.stride(-1) != 1:
         return False
     return all(n <= 1 or s % 8 == 0 for s, n in zip(t.stride()[:3], sizes))
 
@@ -217,17 +226,19 @@ def _kernel_input(t: torch.Tensor) -> torch.Tensor:
     return t if _kernel_ready(t, t.shape[:3]) else t.contiguous()
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                      scale: float, causal: bool, causal_offset: int, *, num_splits: int | None = None,
-                      kernel: str | None = None) -> None:
-    """Fill `out` (B, Hq, Nq, D) and `lse` (B, Hq, Nq) float32 with attention and its log-sum-exp.
+def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 scale: float, causal: bool, causal_offset: int, *, num_splits: int | None = None,
+                 kernel: str | None = None):
+    """run(q, k, v, out, lse): fill `out` (B, Hq, Nq, D) and `lse` (B, Hq, Nq) float32 with attention
+    and its log-sum-exp, for tensors with these shapes, strides, dtype and device.
 
     With `causal`, query i sees key j iff j <= i + causal_offset; a row that sees no key gets output
     0 and lse -inf. Launches on the current stream of q's device. `num_splits` (a test hook): None
     plans (split_plan), 0 forces the forward kernel, n >= 1 the split-KV path with n key splits
     (splits past the keys included: they write the identity state). `kernel`: "mma" | "wgmma" | None
     (forced_kernel's, else the config row's; see the module docstring); a forced "wgmma" takes no
-    split (num_splits must be None or 0).
+    split (num_splits must be None or 0). Loads the extension, reads the device's limits and looks
+    up the config rows here, once.
     """
     require_attention(q)
     forced = kernel if kernel is not None else _forced[0]
@@ -239,16 +250,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
         num_splits = 0
     b, hq, nq, d = q.shape
     if b * hq * nq == 0:
-        return
+        return lambda q, k, v, out, lse: None
     if k.shape[2] == 0:
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return
-    q, k, v = (_kernel_input(t) for t in (q, k, v))
-    out_k = out if _kernel_ready(out, out.shape[:3]) else torch.empty(
-        b, nq, hq, d, dtype=out.dtype, device=out.device).transpose(1, 2)
-    lse_k = lse if lse.is_contiguous() and lse.dtype == torch.float32 else torch.empty(
-        b, hq, nq, dtype=torch.float32, device=lse.device)
+        def no_keys(q, k, v, out, lse):
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return no_keys
     ext = _extension(q.device)
     if num_splits is None:
         sm_count, smem_per_sm = _sm_limits(q.device)
@@ -256,23 +263,44 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
                                 sm_count, decode_config(d, q.device), smem_per_sm)
     elif not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= 65535:
         raise ValueError(f"num_splits must be None or an int in [0, 65535], got {num_splits!r}")
-    with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        if num_splits == 0 and kernel == "wgmma":
-            if not getattr(ext, "has_attention_sm90", False):
-                raise RuntimeError("the CUDA extension was built without the wgmma attention kernel "
-                                   "(csrc/attention/sm90/): rebuild it on an sm_90 device")
-            _call(ext.attention_fwd_sm90, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset),
-                  stream)
-        elif num_splits == 0:
-            _call(ext.attention_fwd, q, k, v, out_k, lse_k, float(scale), bool(causal), int(causal_offset), stream)
+    if num_splits == 0 and kernel == "wgmma" and not getattr(ext, "has_attention_sm90", False):
+        raise RuntimeError("the CUDA extension was built without the wgmma attention kernel "
+                           "(csrc/attention/sm90/): rebuild it on an sm_90 device")
+    # Inputs whose layout the 16-byte copies cannot take are copied (.contiguous()) on every call;
+    # those that can are copied only when their base address is not 16-byte aligned.
+    layout_ok = [_layout_ready(t, t.shape[:3]) for t in (q, k, v)]
+    out_ok, lse_ok = _layout_ready(out, out.shape[:3]), lse.is_contiguous() and lse.dtype == torch.float32
+    scale, causal, causal_offset, index = float(scale), bool(causal), int(causal_offset), q.device.index
+    workspace = b * hq * nq * num_splits * (d + 2)
+    if num_splits == 0:
+        fn = ext.attention_fwd_sm90 if kernel == "wgmma" else ext.attention_fwd
+        tail = (scale, causal, causal_offset)
+    else:
+        fn, tail = ext.attention_fwd_split, (num_splits, scale, causal, causal_offset)
+    call = _build.call
+
+    def run(q, k, v, out, lse):
+        q, k, v = (t if ok and t.data_ptr() % 16 == 0 else t.contiguous() for t, ok in zip((q, k, v), layout_ok))
+        out_k = out if out_ok and out.data_ptr() % 16 == 0 else torch.empty(
+            b, nq, hq, d, dtype=out.dtype, device=out.device).transpose(1, 2)
+        lse_k = lse if lse_ok else torch.empty(b, hq, nq, dtype=torch.float32, device=lse.device)
+        if num_splits == 0:
+            call(fn, q, k, v, out_k, lse_k, *tail, _stream(index))
         else:
             # The partials of every (row, split): allocated on the current stream, read by the merge
             # launched right after on the same stream.
-            workspace = torch.empty(b * hq * nq * num_splits * (d + 2), dtype=torch.float32, device=q.device)
-            _call(ext.attention_fwd_split, q, k, v, out_k, lse_k, workspace, num_splits, float(scale), bool(causal),
-                  int(causal_offset), stream)
-    if out_k is not out:
-        out.copy_(out_k)
-    if lse_k is not lse:
-        lse.copy_(lse_k)
+            ws = torch.empty(workspace, dtype=torch.float32, device=q.device)
+            call(fn, q, k, v, out_k, lse_k, ws, *tail, _stream(index))
+        if out_k is not out:
+            out.copy_(out_k)
+        if lse_k is not lse:
+            lse.copy_(lse_k)
+    return run
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                      scale: float, causal: bool, causal_offset: int, *, num_splits: int | None = None,
+                      kernel: str | None = None) -> None:
+    """Fill `out` and `lse` (see plan_forward), planned for this one call (tests, benchmarks)."""
+    plan_forward(q, k, v, out, lse, scale, causal, causal_offset, num_splits=num_splits,
+                 kernel=kernel)(q, k, v, out, lse)

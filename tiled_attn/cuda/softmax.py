@@ -18,6 +18,7 @@ import math
 import torch
 
 from .. import configs
+from .._plan import current_stream as _stream
 from . import _build
 
 # The ladder, slowest rung first (csrc/softmax/<name>.cu; csrc/bindings.cpp binds the same names).
@@ -76,21 +77,49 @@ def plan(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None, ext=None) -
     return kernel, args
 
 
-def softmax_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = None) -> None:
-    """out2d[i] = softmax(x2d[i]) for each row, with the named kernel (None: the table's choice)."""
-    if x2d.numel() == 0:
-        return
+def _as_2d(size, stride):
+    """A function giving the (M, N) view of a tensor whose data is laid out as the plan saw it (the
+    extension reads sizes and strides off the tensor); the tensor itself where it already is one."""
+    def view(t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape == size and t.stride() == stride else t.as_strided(size, stride)
+    return view
+
+
+def plan_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = None):
+    """run(x, out) for out2d[i] = softmax(x2d[i]) with the named kernel (None: the table's choice),
+    for tensors laid out like these (tiled_attn/softmax.py caches it per signature). Loads the
+    extension and checks a pinned kernel's row limit here, once."""
     ext = _build.load(x2d.device)
     kernel, args = plan(x2d, out2d, kernel, ext)
-    _build.call(ext.softmax_fwd, kernel, x2d, out2d, *args, torch.cuda.current_stream(x2d.device).cuda_stream)
+    fwd, call, index = ext.softmax_fwd, _build.call, x2d.device.index
+    x_view, out_view = _as_2d(x2d.shape, x2d.stride()), _as_2d(out2d.shape, out2d.stride())
+
+    def run(x, out):
+        call(fwd, kernel, x_view(x), out_view(out), *args, _stream(index))
+    return run
+
+
+def plan_backward(y2d: torch.Tensor, dy2d: torch.Tensor, dx2d: torch.Tensor):
+    """run(y, dy, dx) for dx2d = y2d · (dy2d − Σ_row dy2d · y2d) (see plan_forward)."""
+    m, n = y2d.shape
+    cfg = configs.cuda_softmax_config("backward", configs.arch(y2d.device), configs.dtype_key(y2d.dtype), n)
+    ext = _build.load(y2d.device)
+    bwd, call, index = ext.softmax_bwd, _build.call, y2d.device.index
+    threads, chunk = cfg["threads"], _chunk(cfg, m, n, y2d.device)
+    views = [_as_2d(t.shape, t.stride()) for t in (y2d, dy2d, dx2d)]
+
+    def run(y, dy, dx):
+        call(bwd, views[0](y), views[1](dy), views[2](dx), threads, chunk, _stream(index))
+    return run
+
+
+def softmax_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = None) -> None:
+    """out2d[i] = softmax(x2d[i]) for each row (planned for this one call)."""
+    if x2d.numel():
+        plan_forward(x2d, out2d, kernel)(x2d, out2d)
 
 
 def softmax_backward(y2d: torch.Tensor, dy2d: torch.Tensor, dx2d: torch.Tensor) -> None:
     """dx2d = y2d · (dy2d − Σ_row dy2d · y2d); y2d and dy2d with any strides, dx2d row-major."""
-    if y2d.numel() == 0:
-        return
-    m, n = y2d.shape
-    cfg = configs.cuda_softmax_config("backward", configs.arch(y2d.device), configs.dtype_key(y2d.dtype), n)
-    ext = _build.load(y2d.device)
-    _build.call(ext.softmax_bwd, y2d, dy2d, dx2d, cfg["threads"], _chunk(cfg, m, n, y2d.device),
-                torch.cuda.current_stream(y2d.device).cuda_stream)
+    if y2d.numel():
+        plan_backward(y2d, dy2d, dx2d)(y2d, dy2d, dx2d)

@@ -9,12 +9,12 @@ attention_decode.py (GQA group packed into the tile's rows, keys split over prog
 merged; short queries against long keys). The decode row of the config table says when the second
 one applies and how many splits to use.
 
-Host overhead matters for decode (a B = 1 step is a few µs of GPU time): everything that depends
-only on the shapes, dtype, device, mask and the config table — the kernel, its constexprs, the grid,
-the split count, the workspace size — is computed once per such key and cached (`_PLANS`, dropped
-whenever configs.TRITON_ATTENTION changes); a call then costs a dict lookup, the stride checks and
-the launches. The split-KV workspace is one allocation, and no device guard is entered when q is on
-the current device.
+Host cost (DESIGN §3): `plan_forward` does everything that depends only on the shapes, strides,
+dtype, device, mask and the config table — the kernel, its constexprs, the grid, the split count,
+the workspace size — and returns the launches as a function, which tiled_attn/attention.py caches
+per signature; a call then costs the output allocations and the launches through their compiled
+kernels (launch.py). A TMA descriptor is made per call (it holds the tensor) without its
+constructor's checks, which the plan made once; the split-KV workspace is one allocation.
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ import triton
 
 from .. import _checks, configs
 from . import online
+from .launch import Launch
 from .attention_decode import attention_decode_kernel, attention_merge_kernel
 from .attention_fwd import attention_fwd_kernel
 
-__all__ = ["attention_forward", "config", "plan", "clear_plans"]
+__all__ = ["plan_forward", "attention_forward", "config", "plan"]
 
 # tl.dot needs every tile dimension >= 16 (the smallest MMA shape Triton emits).
 MIN_DOT = 16
@@ -122,16 +123,6 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
     return p
 
 
-# (shapes, dtype, device, mask, forced kernel/splits, scale > 0, interpreter) -> (table version,
-# launch plan). A plain dict: the keys are few per process (one per shape a model runs).
-_PLANS: dict = {}
-
-
-def clear_plans() -> None:
-    """Forget the cached launch plans (after changing what configs.arch returns, in tests)."""
-    _PLANS.clear()
-
-
 def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale, interpret) -> dict:
     """Everything about a launch that does not depend on the tensors' addresses or strides."""
     b, hq, n_q, d = q.shape
@@ -170,63 +161,76 @@ def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale
     return lp
 
 
-def _get_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale) -> dict:
-    interpret = q.device.type != "cuda" or _checks.triton_interpret()
-    key = (q.shape, k.shape, q.dtype, q.device, causal, causal_offset, kernel, num_splits,
-           positive_scale, interpret)
-    version = configs.TRITON_ATTENTION.version
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0] == version:
-        return hit[1]
-    lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale, interpret)
-    _PLANS[key] = (version, lp)
-    return lp
-
-
 def _tma_ok(t: torch.Tensor) -> bool:
     """Hopper TMA's rules for a (B, H, N, D) tensor descriptor: 16-byte aligned base and strides,
     unit stride on D."""
+    return _tma_layout_ok(t) and t.data_ptr() % 16 == 0
+
+
+def _tma_layout_ok(t: torch.Tensor) -> bool:
+    """The part of _tma_ok a plan's signature decides (everything but the base address)."""
     s = t.stride()
     es = t.element_size()
-    return (s[3] == 1 and t.data_ptr() % 16 == 0 and (s[0] * es) % 16 == 0 and (s[1] * es) % 16 == 0
-            and (s[2] * es) % 16 == 0)
+    return s[3] == 1 and (s[0] * es) % 16 == 0 and (s[1] * es) % 16 == 0 and (s[2] * es) % 16 == 0
+
+
+def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
+    """A TMA TensorDescriptor of t without its constructor's checks (the plan made them once)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    d = TensorDescriptor.__new__(TensorDescriptor)
+    d.__dict__.update(base=t, shape=shape, strides=strides, block_shape=block, padding="zero")
+    return d
+
+
+def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
+                 kernel: str | None = None, num_splits: int | None = None):
+    """run(q, k, v, out, lse): the launches of attention of q over k, v into out (B, Hq, Nq, D) and
+    lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc)."""
+    interpret = q.device.type != "cuda" or _checks.triton_interpret()
+    lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0, interpret)
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
+    wide = max(max(sq), max(sk), max(sv), max(so)) >= WIDE_STRIDE
+    const, device = lp["const"], q.device
+    ints = (*sq, *sk, *sv, *so, lp["heads"], lp["group"], lp["n_q"], lp["n_k"], lp["offset"])
+    qk_scale = scale * online.LOG2E
+    tma = lp["tma"] and _tma_layout_ok(k) and _tma_layout_ok(v)
+    block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
+    k_desc = (list(k.shape), list(sk), block)
+    v_desc = (list(v.shape), list(sv), block)
+
+    def launches(addr: str) -> dict:
+        meta = dict(const, WIDE=wide, ADDR=addr)
+        if lp["kernel"] == "fwd":
+            return {"fwd": Launch(attention_fwd_kernel, lp["grid"], meta, device)}
+        split = lp["splits"] > 1
+        found = {"decode": Launch(attention_decode_kernel, lp["grid"], dict(meta, SPLIT=split), device)}
+        if split:
+            found["merge"] = Launch(attention_merge_kernel, lp["merge_grid"], lp["merge_const"], device)
+        return found
+
+    plain = launches(lp["addr"])
+    with_tma = launches("tma") if tma else None
+
+    def run(q, k, v, out, lse):
+        use = plain
+        if with_tma is not None and (k.data_ptr() | v.data_ptr()) % 16 == 0:
+            use, k, v = with_tma, _descriptor(k, *k_desc), _descriptor(v, *v_desc)
+        if "fwd" in use:
+            use["fwd"](q, k, v, out, lse, *ints, qk_scale, lp["m_tiles"])
+            return
+        splits, split_len, rows = lp["splits"], lp["split_len"], lp["rows"]
+        if splits == 1:
+            use["decode"](q, k, v, out, lse, lse, *ints, qk_scale, lp["m_tiles"], 1, split_len, rows)
+            return
+        part = torch.empty(lp["workspace"], dtype=torch.float32, device=device)
+        use["decode"](q, k, v, out, lse, part, *ints, qk_scale, lp["m_tiles"], splits, split_len, rows)
+        use["merge"](part, out, lse, *so, rows, lp["heads"], lp["n_q"], splits, qk_scale)
+    return run
 
 
 def attention_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
                       kernel: str | None = None, num_splits: int | None = None) -> None:
-    """Fill out (B, Hq, Nq, D) and lse (B, Hq, Nq) with attention of q over k, v (see module doc)."""
-    lp = _get_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0)
-    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    wide = max(max(sq), max(sk), max(sv), max(so)) >= WIDE_STRIDE
-    const = lp["const"]
-    args = (*sq, *sk, *sv, *so, lp["heads"], lp["group"], lp["n_q"], lp["n_k"], lp["offset"],
-            scale * online.LOG2E, lp["m_tiles"])
-    guard = q.is_cuda and q.device.index != torch.cuda.current_device()
-    if guard:
-        ctx = torch.cuda.device(q.device)
-        ctx.__enter__()
-    try:
-        addr = lp["addr"]
-        kk, vv = k, v
-        if lp["tma"] and _tma_ok(k) and _tma_ok(v):
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
-            kk = TensorDescriptor(k, list(k.shape), list(sk), block)
-            vv = TensorDescriptor(v, list(v.shape), list(sv), block)
-            addr = "tma"
-        if lp["kernel"] == "fwd":
-            attention_fwd_kernel[lp["grid"]](q, kk, vv, out, lse, *args, WIDE=wide, ADDR=addr, **const)
-            return
-        splits = lp["splits"]
-        if splits == 1:
-            attention_decode_kernel[lp["grid"]](q, kk, vv, out, lse, lse, *args, 1, lp["split_len"],
-                                                lp["rows"], SPLIT=False, WIDE=wide, ADDR=addr, **const)
-            return
-        part = torch.empty(lp["workspace"], dtype=torch.float32, device=q.device)
-        attention_decode_kernel[lp["grid"]](q, kk, vv, out, lse, part, *args, splits, lp["split_len"],
-                                            lp["rows"], SPLIT=True, WIDE=wide, ADDR=addr, **const)
-        attention_merge_kernel[lp["merge_grid"]](part, out, lse, *so, lp["rows"], lp["heads"], lp["n_q"],
-                                                 splits, scale * online.LOG2E, **lp["merge_const"])
-    finally:
-        if guard:
-            ctx.__exit__(None, None, None)
+    """Fill out (B, Hq, Nq, D) and lse (B, Hq, Nq) with attention of q over k, v (planned for this
+    one call: the tests and tuning scripts call it; ta.attention caches the plan)."""
+    plan_forward(q, k, v, out, lse, scale, causal, causal_offset, kernel=kernel,
+                 num_splits=num_splits)(q, k, v, out, lse)

@@ -27,6 +27,7 @@ import torch
 import triton
 
 from .. import configs
+from .launch import Launch
 from .softmax_backward import softmax_backward_kernel
 from .softmax_backward_split import softmax_backward_dot_kernel, softmax_backward_split_kernel
 from .softmax_online import softmax_online_kernel
@@ -34,7 +35,7 @@ from .softmax_row import softmax_row_kernel
 from .softmax_split import softmax_split_normalize_kernel, softmax_split_state_kernel
 from .softmax_split_sync import softmax_split_sync_kernel
 
-__all__ = ["SOFTMAX_KERNELS", "softmax_forward", "softmax_backward"]
+__all__ = ["SOFTMAX_KERNELS", "plan_forward", "plan_backward", "softmax_forward", "softmax_backward"]
 
 SOFTMAX_KERNELS = ("row", "online", "split")
 # Column indices are int32 inside a row (row bases are int64); a chunk end (start + CHUNK < 2·N)
@@ -199,8 +200,10 @@ def _hints(cfg: dict, *names: str) -> dict:
 # ------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------
-def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None) -> None:
-    """out[i, :] = softmax(x[i, :]) for an (M, N) x of any strides into a row-major (M, N) out."""
+def plan_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None):
+    """The launches of out[i, :] = softmax(x[i, :]) for an (M, N) x of any strides into a row-major
+    (M, N) out, as a function run(x, out) of tensors with the same shapes, strides, dtype and
+    device (tiled_attn/softmax.py caches it per signature). Validates the kernel name and sizes."""
     if kernel is not None and kernel not in SOFTMAX_KERNELS:
         raise ValueError(f"kernel must be None or one of {list(SOFTMAX_KERNELS)} for backend='triton', "
                          f"got {kernel!r}")
@@ -211,38 +214,53 @@ def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None) -> N
     arch = configs.arch(device)
     kernel = kernel or _choose(m, n, arch, x.dtype, device, "row_max_n")
     cfg = _config(kernel, n, arch, x.dtype, _col_contig(x))
-    with _device_guard(device):
-        if kernel == "row":
-            _forward_row(x, out, cfg, device, arch)
-        elif kernel == "online":
-            _forward_online(x, out, cfg, device, arch)
-        else:
-            _forward_split(x, out, cfg, device, arch)
+    if kernel == "row":
+        return _plan_row(x, out, cfg, device, arch)
+    if kernel == "online":
+        return _plan_online(x, out, cfg, device, arch)
+    # The split kernels run on rows of >= 10^5 columns (a call is >= ~50 µs of GPU time): they plan
+    # per call, which keeps their fallbacks (cooperative launch refused) in one place.
+    size, stride, out_stride = x.shape, x.stride(), out.stride()
+
+    def run(x, out):
+        with _device_guard(device):
+            _forward_split(x.as_strided(size, stride), out.as_strided(size, out_stride), cfg, device, arch)
+    return run
 
 
-def _forward_row(x, out, cfg, device, arch):
+def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None) -> None:
+    """out[i, :] = softmax(x[i, :]) for an (M, N) x of any strides into a row-major (M, N) out
+    (planned for this one call: the sweeps and tests call it; ta.softmax caches the plan)."""
+    plan_forward(x, out, kernel)(x, out)
+
+
+def _plan_row(x, out, cfg, device, arch):
     m, n = x.shape
     block_n = triton.next_power_of_2(n)
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
                 MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
                 **_launch_options(cfg))
-    args = (x, out, m, n, x.stride(0), x.stride(1), out.stride(0))
+    ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
     waves = cfg.get("WAVES", 1)
     if waves:  # a persistent grid of `waves` × what fits on the GPU at once
-        per_sm = _programs_per_sm(softmax_row_kernel, args, meta, device)
+        with _device_guard(device):
+            per_sm = _programs_per_sm(softmax_row_kernel, (x, out, *ints), meta, device)
         blocks = min(blocks, math.ceil(waves * per_sm * _sm_count(device, arch)))
-    softmax_row_kernel[(blocks,)](*args, **meta)
+    launch = Launch(softmax_row_kernel, (blocks,), meta, device)
+    return lambda x, out: launch(x, out, *ints)
 
 
-def _forward_online(x, out, cfg, device, arch):
+def _plan_online(x, out, cfg, device, arch):
     m, n = x.shape
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
     grid = (min(blocks, cfg["PROGRAMS_PER_SM"] * _sm_count(device, arch)),)
-    softmax_online_kernel[grid](x, out, m, n, x.stride(0), x.stride(1), out.stride(0),
-                                BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                                COL_CONTIG=_col_contig(x), STAGES=cfg.get("STAGES", 1),
-                                **_hints(cfg, "KEEP", "LAST", "STORE"), **_launch_options(cfg))
+    meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], COL_CONTIG=_col_contig(x),
+                STAGES=cfg.get("STAGES", 1), **_hints(cfg, "KEEP", "LAST", "STORE"),
+                **_launch_options(cfg))
+    ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
+    launch = Launch(softmax_online_kernel, grid, meta, device)
+    return lambda x, out: launch(x, out, *ints)
 
 
 def _forward_split(x, out, cfg, device, arch):
@@ -352,8 +370,9 @@ def _forward_split_sync(x, out, device, arch) -> bool:
 # ------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
-    """dx = y·(dy − Σ y·dy) per row, for (M, N) y and dy of any strides into a row-major dx."""
+def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor):
+    """The launches of dx = y·(dy − Σ y·dy) per row, for (M, N) y and dy of any strides into a
+    row-major dx, as a function run(y, dy, dx) (see plan_forward)."""
     _check_sizes("y", y)
     if dy.shape != y.shape:
         raise ValueError(f"dy must have y's shape {tuple(y.shape)}, got {tuple(dy.shape)}")
@@ -363,29 +382,39 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> Non
     arch = configs.arch(device)
     variant = "backward_" + _choose(m, n, arch, y.dtype, device, "backward_row_max_n")
     cfg = _config(variant, n, arch, y.dtype, _col_contig(y) and _col_contig(dy))
-    strides = (y.stride(0), y.stride(1), dy.stride(0), dy.stride(1))
+    ints = (m, n, y.stride(0), y.stride(1), dy.stride(0), dy.stride(1))
     contig = dict(Y_CONTIG=_col_contig(y), DY_CONTIG=_col_contig(dy))
+    if variant == "backward_split":
+        splits, chunk = _split_plan(m, n, cfg, device, arch)
+        grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
+        # float32 inputs sum y·dy in float64 (softmax_backward.py says why).
+        dot_dtype = torch.float64 if y.dtype == torch.float32 else torch.float32
+        common = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **contig, **_launch_options(cfg))
+        dot = Launch(softmax_backward_dot_kernel, grid, common, device)
+        scale = Launch(softmax_backward_split_kernel, grid,
+                       dict(common, BLOCK_S=triton.next_power_of_2(splits)), device)
+
+        dx_stride = dx.stride(0)
+
+        def run(y, dy, dx):
+            dots = torch.empty((m, splits), device=device, dtype=dot_dtype)
+            dot(y, dy, dots, *ints, chunk, splits)
+            scale(y, dy, dx, dots, *ints, dx_stride, chunk, splits)
+        return run
+    one_tile = variant == "backward_row"
+    block_n = triton.next_power_of_2(n) if one_tile else cfg["BLOCK_N"]
+    meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, ONE_TILE=one_tile,
+                MASK_N=one_tile and block_n != n, **contig, **_launch_options(cfg))
+    ints = ints + (dx.stride(0),)
+    blocks = triton.cdiv(m, cfg["BLOCK_M"])
     with _device_guard(device):
-        if variant == "backward_split":
-            splits, chunk = _split_plan(m, n, cfg, device, arch)
-            grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
-            # float32 inputs sum y·dy in float64 (softmax_backward.py says why).
-            dots = torch.empty((m, splits), device=device,
-                               dtype=torch.float64 if y.dtype == torch.float32 else torch.float32)
-            common = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **contig,
-                          **_launch_options(cfg))
-            softmax_backward_dot_kernel[grid](y, dy, dots, m, n, *strides, chunk, splits, **common)
-            softmax_backward_split_kernel[grid](y, dy, dx, dots, m, n, *strides, dx.stride(0), chunk,
-                                                splits, BLOCK_S=triton.next_power_of_2(splits),
-                                                **common)
-            return
-        one_tile = variant == "backward_row"
-        block_n = triton.next_power_of_2(n) if one_tile else cfg["BLOCK_N"]
-        meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, ONE_TILE=one_tile,
-                    MASK_N=one_tile and block_n != n, **contig, **_launch_options(cfg))
-        args = (y, dy, dx, m, n, *strides, dx.stride(0))
-        blocks = triton.cdiv(m, cfg["BLOCK_M"])
-        per_sm = (_programs_per_sm(softmax_backward_kernel, args, meta, device) if one_tile
+        per_sm = (_programs_per_sm(softmax_backward_kernel, (y, dy, dx, *ints), meta, device) if one_tile
                   else cfg["PROGRAMS_PER_SM"])
-        grid = (min(blocks, per_sm * _sm_count(device, arch)),)
-        softmax_backward_kernel[grid](*args, **meta)
+    grid = (min(blocks, per_sm * _sm_count(device, arch)),)
+    launch = Launch(softmax_backward_kernel, grid, meta, device)
+    return lambda y, dy, dx: launch(y, dy, dx, *ints)
+
+
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+    """dx = y·(dy − Σ y·dy) per row (planned for this one call; see softmax_forward)."""
+    plan_backward(y, dy, dx)(y, dy, dx)

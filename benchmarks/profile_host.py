@@ -1,0 +1,126 @@
+"""Where the host time of one eager call goes: cProfile over many back-to-back calls at tiny shapes.
+
+    PYTHONPATH=. python benchmarks/profile_host.py [--calls 2000] [--out DIR]
+
+For each call kind (ta.softmax, ta.attention prefill/decode per backend, ta.scaled_dot_product_attention,
+and torch's op for the same job) it prints the host µs per call (perf_counter over the calls, one
+synchronize at the end) and, for ours, the functions with the most own time (cProfile, whose own
+overhead inflates the absolute figures: read it for the split, the µs column for the cost). The
+`overhead` benchmark suite is the measurement; this is the profile behind it.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tiled_attn as ta  # noqa: E402
+
+
+def _cases(device: torch.device):
+    bf16 = torch.bfloat16
+    x32 = torch.randn(4, 128, device=device)
+    x16 = x32.to(bf16)
+    q = torch.randn(1, 8, 128, 64, device=device, dtype=bf16)
+    kq = torch.randn(1, 8, 128, 64, device=device, dtype=bf16)
+    qd = torch.randn(1, 32, 1, 64, device=device, dtype=bf16)
+    kd = torch.randn(1, 8, 256, 64, device=device, dtype=bf16)
+    cases = {
+        "torch.softmax fp32": lambda: torch.softmax(x32, -1),
+        "ta.softmax fp32": lambda: ta.softmax(x32),
+        "ta.softmax bf16": lambda: ta.softmax(x16),
+        "ta.softmax cuda": lambda: ta.softmax(x32, backend="cuda"),
+        "F.sdpa prefill": lambda: F.scaled_dot_product_attention(q, kq, kq, is_causal=True),
+        "ta.attention prefill": lambda: ta.attention(q, kq, kq, causal=True),
+        "ta.attention prefill cuda": lambda: ta.attention(q, kq, kq, causal=True, backend="cuda"),
+        "ta.sdpa prefill": lambda: ta.scaled_dot_product_attention(q, kq, kq, is_causal=True),
+        "F.sdpa decode": lambda: F.scaled_dot_product_attention(qd, kd, kd, enable_gqa=True),
+        "ta.attention decode": lambda: ta.attention(qd, kd, kd),
+        "ta.attention decode cuda": lambda: ta.attention(qd, kd, kd, backend="cuda"),
+        "ta.sdpa decode": lambda: ta.scaled_dot_product_attention(qd, kd, kd, enable_gqa=True),
+        # A decode loop through a model of 16 layers: the key/value length grows by one every 16
+        # calls, so one call in 16 makes a new plan (a new signature) and 15 reuse it.
+        "F.sdpa decode growing": _growing(lambda q, k: F.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                                          qd, kd),
+        "ta.sdpa decode growing": _growing(lambda q, k: ta.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                                           qd, kd),
+    }
+    return cases
+
+
+def _growing(fn, q, k, layers: int = 16, span: int = 4096):
+    keys = torch.randn(k.shape[0], k.shape[1], k.shape[2] + span, k.shape[3], device=k.device, dtype=k.dtype)
+    state = {"i": 0, "k": None}
+
+    def call():
+        i = state["i"]
+        if i % layers == 0:  # a new step: the cache is one longer (a new tensor, as torch.cat makes)
+            n = k.shape[2] + (i // layers) % span
+            state["k"] = keys[:, :, :n].contiguous()
+        state["i"] = i + 1
+        return fn(q, state["k"])
+    return call
+
+
+def _us_per_call(fn, calls: int, device) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--top", type=int, default=14)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_host.py needs a CUDA device")
+        return 2
+    device = torch.device("cuda")
+    report = []
+    for name, fn in _cases(device).items():
+        try:
+            us = _us_per_call(fn, args.calls, device)
+        except Exception as err:  # noqa: BLE001 -- a backend missing here: say so, go on
+            report.append(f"{name:28s}  unavailable ({type(err).__name__}: {str(err)[:100]})")
+            continue
+        report.append(f"{name:28s} {us:8.1f} us/call")
+        if name.startswith("ta."):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.calls):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize(device)
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.top)
+            report.append(buf.getvalue())
+    text = "\n".join(report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_host.txt").write_text(text)
+    print(text)
+    print("==== host us per call ====")
+    print("\n".join(line for line in report if "us/call" in line or "unavailable" in line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

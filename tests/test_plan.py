@@ -1,0 +1,328 @@
+"""The cost of a call (DESIGN §3, tiled_attn/_plan.py): validate → a cached plan → launch.
+
+A signature's plan is made once and reused; a new shape, dtype, device, stride pattern, dim, flag
+or backend makes a new one and never reuses a wrong one; arguments whose wrong type hashes like a
+right one (True == 1 == 1.0) still get their error; traced calls go through the registered ops; the
+CPU default is torch's own op where it computes the same thing. GPU-only: the compiled-kernel
+launch path (triton/launch.py) after the first call, a new alignment, CUDA-graph capture.
+"""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiled_attn as ta
+from helpers import HAS_CUDA, assert_rule, backend_available, device_for, randn, skip_reason
+from tiled_attn import _plan, reference
+
+SOFTMAX = sys.modules["tiled_attn.softmax"]
+ATTN = sys.modules["tiled_attn.attention"]
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+def _triton_device():
+    if not backend_available("triton"):
+        pytest.skip(skip_reason("triton"))
+    return device_for("triton")
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """Every plan made (class name, backend), in order."""
+    log = []
+    for cls in (SOFTMAX.SoftmaxPlan, SOFTMAX.SoftmaxBackwardPlan, ATTN.AttentionPlan):
+        init = cls.__init__
+
+        def counting(self, *args, _init=init, _name=cls.__name__, **kw):
+            _init(self, *args, **kw)
+            log.append((_name, self.backend))
+        monkeypatch.setattr(cls, "__init__", counting)
+    return log
+
+
+def _softmax_ref(x, dim):
+    return torch.softmax(x.double(), dim)
+
+
+def test_softmax_same_signature_reuses_the_plan(made, seed):
+    dev = _triton_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((6, 37), torch.float32, dev, gen)
+    y1 = ta.softmax(x, -1, backend="triton")
+    y2 = ta.softmax(randn((6, 37), torch.float32, dev, gen), -1, backend="triton")
+    assert made == [("SoftmaxPlan", "triton")]
+    assert y1.data_ptr() != y2.data_ptr()  # a fresh output per call
+    assert_rule(y1, _softmax_ref(x, -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed)
+
+
+# Each variation of the first call's signature: (what changes, a function of the first x).
+VARIATIONS = {
+    "shape": lambda x: x[:5].clone(),
+    "dtype": lambda x: x.to(torch.bfloat16),
+    "strides": lambda x: x.t().contiguous().t(),     # same shape, column-major
+    "step slice": lambda x: x[::2],
+    "dim": None,
+    "kernel": None,
+}
+
+
+@pytest.mark.parametrize("what", list(VARIATIONS))
+def test_softmax_new_signature_new_plan(what, made, seed):
+    dev = _triton_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((8, 40), torch.float32, dev, gen, 3.0)
+    ta.softmax(x, -1, backend="triton")
+    dim, kernel = (0 if what == "dim" else -1), ("online" if what == "kernel" else None)
+    x2 = VARIATIONS[what](x) if VARIATIONS[what] else x
+    for _ in range(2):  # alternate: each signature keeps its own plan
+        y = ta.softmax(x2, dim, backend="triton", kernel=kernel)
+        assert_rule(y, _softmax_ref(x2, dim), torch.softmax(x2, dim), dtype=x2.dtype, seed=seed, what=what)
+        y0 = ta.softmax(x, -1, backend="triton")
+        assert_rule(y0, _softmax_ref(x, -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed, what=what)
+    assert len(made) == 2
+
+
+def test_softmax_backward_plans(made, seed):
+    dev = _triton_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((5, 33), torch.float32, dev, gen).requires_grad_()
+    for dy in (randn((5, 33), torch.float32, dev, gen), randn((33, 5), torch.float32, dev, gen).t()):
+        x.grad = None
+        ta.softmax(x, -1, backend="triton").backward(dy)
+        ref = reference.softmax_backward(_softmax_ref(x.detach(), -1), dy.double(), -1)
+        xt = x.detach().clone().requires_grad_()
+        torch.softmax(xt, -1).backward(dy)
+        assert_rule(x.grad, ref, xt.grad, dtype=x.dtype, seed=seed)
+    # one forward plan; one backward plan per dy layout
+    assert made == [("SoftmaxPlan", "triton"), ("SoftmaxBackwardPlan", "triton"),
+                    ("SoftmaxBackwardPlan", "triton")]
+
+
+@pytest.mark.parametrize("bad,error", [
+    (dict(dim=1.0), r"dim must be an int, got float"),
+    (dict(dim=True), r"dim must be an int, got bool"),
+    (dict(dim=[1]), r"dim must be an int, got list"),
+    (dict(backend=["triton"]), r"backend must be None or one of"),
+    (dict(kernel=1), r"kernel must be None or a kernel name"),
+])
+def test_softmax_errors_after_a_cached_plan(bad, error):
+    """A hit proves an identical signature was validated: look-alike arguments still fail."""
+    x = torch.randn(3, 4)
+    ta.softmax(x, 1, backend="torch", kernel=None)
+    args = {"dim": 1, "backend": "torch", "kernel": None, **bad}
+    with pytest.raises((TypeError, ValueError), match=error):
+        ta.softmax(x, args.pop("dim"), **args)
+
+
+def test_attention_plan_reuse_and_variations(made, seed):
+    dev = _triton_device()
+    gen = torch.Generator().manual_seed(seed)
+
+    def qkv(nq=9, nk=21, hq=4, hkv=2, dtype=torch.float16):
+        return (randn((1, hq, nq, 32), dtype, dev, gen), randn((1, hkv, nk, 32), dtype, dev, gen),
+                randn((1, hkv, nk, 32), dtype, dev, gen))
+
+    def check(q, k, v, **kw):
+        out = ta.attention(q, k, v, backend="triton", **kw)
+        c = kw.get("causal", False)
+        ref = reference.blockwise_attention(q.double(), k.double(), v.double(), causal=c, scale=kw.get("scale"))
+        theirs = reference.blockwise_attention(q, k, v, causal=c, scale=kw.get("scale"))
+        assert_rule(out, ref, theirs, dtype=q.dtype, seed=seed, what=str(kw))
+
+    base = qkv()
+    check(*base)
+    check(*qkv())
+    assert len(made) == 1
+    for kw, inputs in ((dict(causal=True), base), (dict(scale=0.3), base), ({}, qkv(nk=22)),
+                       ({}, qkv(dtype=torch.bfloat16)), ({}, qkv(hkv=1)),
+                       ({}, tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in base))):
+        n = len(made)
+        check(*inputs, **kw)
+        check(*base)
+        assert len(made) == n + 1, kw
+
+
+@pytest.mark.parametrize("bad,error", [
+    (dict(causal=1), r"causal must be a bool, got int"),
+    (dict(scale=True), r"scale must be None or a float, got bool"),
+    (dict(scale=float("nan")), r"scale must be finite"),
+    (dict(backend="nope"), r"backend must be None or one of"),
+])
+def test_attention_errors_after_a_cached_plan(bad, error):
+    q = torch.randn(1, 2, 3, 16)
+    ta.attention(q, q, q, causal=True, scale=1.0, backend="torch")
+    kw = {"causal": True, "scale": 1.0, "backend": "torch", **bad}
+    with pytest.raises((TypeError, ValueError), match=error):
+        ta.attention(q, q, q, **kw)
+
+
+def test_attention_shape_errors_after_a_cached_plan():
+    q = torch.randn(1, 2, 3, 16)
+    ta.attention(q, q, q, backend="torch")
+    with pytest.raises(TypeError, match=r"k must have q's dtype float32, got float64"):
+        ta.attention(q, q.double(), q, backend="torch")
+    with pytest.raises(ValueError, match=r"q must have 4 dims"):
+        ta.attention(q[0], q, q, backend="torch")
+
+
+def test_cache_is_bounded():
+    cache = _plan.PlanCache("test", limit=3)
+    for i in range(5):
+        cache.put(i, object())
+    assert list(cache) == [2, 3, 4]
+    cache.put(None, object())  # an unhashable signature is planned, not stored
+    assert len(cache) == 3
+    _plan.clear_all()
+    assert len(cache) == 0
+
+
+def test_config_table_change_clears_plans(monkeypatch):
+    from tiled_attn import configs
+    ta.softmax(torch.randn(2, 3), backend="torch")
+    assert len(SOFTMAX._PLANS) == 1
+    key = next(iter(configs.TRITON_ATTENTION))
+    monkeypatch.setitem(configs.TRITON_ATTENTION, key, dict(configs.TRITON_ATTENTION[key]))
+    assert len(SOFTMAX._PLANS) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# traced calls take the registered ops
+# ------------------------------------------------------------------------------------------------
+def test_make_fx_records_the_ops():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    x = torch.randn(4, 6)
+    q = torch.randn(1, 2, 5, 16)
+
+    def f(x, q):
+        return ta.softmax(x, backend="torch"), ta.attention(q, q, q, backend="torch")
+
+    for mode in ("real", "fake"):
+        gm = make_fx(f, tracing_mode=mode)(x, q)
+        targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        assert torch.ops.tiled_attn.softmax.default in targets, mode
+        assert torch.ops.tiled_attn.attention_fwd.default in targets, mode
+
+
+def test_eager_predicate():
+    assert _plan.eager()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        assert not _plan.eager()
+
+
+# ------------------------------------------------------------------------------------------------
+# backend=None on the CPU: torch's own op where it computes the same thing
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nq,nk,causal,lse,expected", [
+    (7, 7, True, False, "native"),     # top-left == bottom-right
+    (3, 11, True, False, "native"),    # bottom-right through causal_lower_right
+    (11, 3, True, False, "torch"),     # rows that see no key: torch's SDPA is undefined there
+    (5, 9, False, False, "native"),
+    (5, 9, False, True, "torch"),      # lse: torch's SDPA does not return it
+    (4, 0, False, False, "native"),    # no keys: output 0 without a launch
+])
+def test_cpu_default_attention(nq, nk, causal, lse, expected, kernel_calls, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((2, 4, nq, 32), torch.float32, "cpu", gen)
+    k, v = (randn((2, 2, nk, 32), torch.float32, "cpu", gen) for _ in range(2))
+    got = ta.attention(q, k, v, causal=causal, return_lse=lse)
+    out = got[0] if lse else got
+    ref = reference.blockwise_attention(q.double(), k.double(), v.double(), causal=causal)
+    theirs = reference.blockwise_attention(q, k, v, causal=causal)
+    assert_rule(out, ref, theirs, dtype=q.dtype, seed=seed, what=f"{nq}x{nk} causal={causal}")
+    assert kernel_calls == [expected]
+
+
+def test_cpu_default_softmax_is_torch_softmax(seed):
+    x = randn((3, 5, 7), torch.bfloat16, "cpu", torch.Generator().manual_seed(seed))
+    assert torch.equal(ta.softmax(x, 1), torch.softmax(x, 1))
+    xg = x.float().requires_grad_()
+    ta.softmax(xg, 1).sum().backward()  # torch's own autograd
+    assert xg.grad is not None
+
+
+def test_cpu_default_compiles_fullgraph(seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((1, 4, 6, 16), torch.float32, "cpu", gen)
+    k = randn((1, 2, 10, 16), torch.float32, "cpu", gen)
+
+    def f(q, k):
+        return ta.softmax(ta.attention(q, k, k, causal=True), -1)
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(f, fullgraph=True, backend="eager")(q, k)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, f(q, k))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: launches through the compiled kernel
+# ------------------------------------------------------------------------------------------------
+@gpu
+def test_launch_uses_the_compiled_kernel_after_the_first_call(monkeypatch, seed):
+    from tiled_attn.triton import launch as launch_mod
+    jit_calls = []
+    real = launch_mod.Launch.__call__
+
+    def spy(self, *args):
+        if not self._compiled:
+            jit_calls.append(self.fn)
+        return real(self, *args)
+    monkeypatch.setattr(launch_mod.Launch, "__call__", spy)
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((64, 1000), torch.bfloat16, "cuda", gen)
+    outs = [ta.softmax(x, -1, backend="triton") for _ in range(3)]
+    assert len(jit_calls) == 1
+    for y in outs:
+        assert_rule(y, _softmax_ref(x, -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed)
+    # A 16-byte-misaligned view of the same layout is a new specialization (Triton's alignment
+    # hint would be wrong for it): it compiles its own, and is right.
+    big = randn((64 * 1000 + 8,), torch.bfloat16, "cuda", gen)
+    a, b = big[:64000].view(64, 1000), big[1:64001].view(64, 1000)
+    for t in (a, b, a, b):
+        assert_rule(ta.softmax(t, -1, backend="triton"), _softmax_ref(t, -1), torch.softmax(t, -1),
+                    dtype=t.dtype, seed=seed, what="alignment")
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_attention_fast_path_matches_first_call(backend, seed):
+    if not backend_available(backend):
+        pytest.skip(skip_reason(backend))
+    gen = torch.Generator().manual_seed(seed)
+    for nq in (1, 128):  # decode (split-KV) and prefill plans
+        q = randn((2, 8, nq, 64), torch.bfloat16, "cuda", gen)
+        k, v = (randn((2, 2, 700, 64), torch.bfloat16, "cuda", gen) for _ in range(2))
+        first = ta.attention(q, k, v, causal=True, backend=backend)
+        for _ in range(2):
+            torch.testing.assert_close(ta.attention(q, k, v, causal=True, backend=backend), first,
+                                       rtol=0, atol=0)
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True,
+                                             attn_mask=torch.ones(nq, 700, dtype=torch.bool, device="cuda").tril(700 - nq))
+        theirs = F.scaled_dot_product_attention(q, k, v, enable_gqa=True,
+                                                attn_mask=torch.ones(nq, 700, dtype=torch.bool, device="cuda").tril(700 - nq))
+        assert_rule(first, ref, theirs, dtype=q.dtype, seed=seed, what=f"{backend} nq={nq}")
+
+
+@gpu
+def test_graph_capture_after_plans(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((32, 500), torch.float16, "cuda", gen)
+    q = randn((1, 4, 1, 64), torch.float16, "cuda", gen)
+    k = randn((1, 4, 3000, 64), torch.float16, "cuda", gen)
+    eager = (ta.softmax(x), ta.attention(q, k, k))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ta.softmax(x), ta.attention(q, k, k)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = (ta.softmax(x), ta.attention(q, k, k))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
