@@ -12,8 +12,6 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-import importlib  # noqa: E402
-
 from helpers import fresh_seed  # noqa: E402
 from tiled_attn import _checks  # noqa: E402
 
@@ -57,16 +55,27 @@ def seed():
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """The backend argument of every call that reaches the attention op, in order."""
-    attention_module = importlib.import_module("tiled_attn.attention")  # the name is the function
-    calls, op = [], attention_module._attention_op
+    """The backend of every call that ran one of our attention plans, in order ("native" is
+    backend=None's torch SDPA on the CPU); a call routed to torch's own SDPA is not one."""
+    from tiled_attn.attention import AttentionPlan
+    calls, forward = [], AttentionPlan.forward
 
-    def counting(*args):
-        calls.append(args[-1])
-        return op(*args)
+    def counting(self, q, k, v):
+        calls.append(self.backend)
+        return forward(self, q, k, v)
 
-    monkeypatch.setattr(attention_module, "_attention_op", counting)
+    monkeypatch.setattr(AttentionPlan, "forward", counting)
     return calls
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    # Tests monkeypatch config tables, configs.arch and module constants that plans are made from:
+    # every test starts with no cached plan (tiled_attn/_plan.py).
+    from tiled_attn import _plan
+    _plan.clear_all()
+    yield
+    _plan.clear_all()
 
 
 def pytest_runtest_logreport(report):
