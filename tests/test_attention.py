@@ -516,6 +516,7 @@ def test_kernel_variants(kernel, variant, dtype, causal, monkeypatch, seed):
     device = _require("triton", dtype)
     for key in (("fwd", "cpu", "*", "*", "*", "*"), ("decode", "cpu", "*", "*", "*", "*")):
         monkeypatch.setitem(configs.TRITON_ATTENTION, key, {**configs.TRITON_ATTENTION[key], **VARIANTS[variant]})
+    monkeypatch.setattr(configs, "TRITON_TMA_MIN_FLOPS", 0)  # TMA on these small shapes too
     if device == "cuda":
         _use_cpu_rows(monkeypatch)
     gen = torch.Generator().manual_seed(seed)

@@ -353,8 +353,9 @@ def test_split_kv_is_what_ta_attention_runs_for_decode(seed, monkeypatch):
     _cuda_ready()
     calls = []
     ext = cuda_attention._extension(torch.device("cuda"))
-    real_call = cuda_attention._call
-    monkeypatch.setattr(cuda_attention, "_call", lambda fn, *a: (calls.append(fn), real_call(fn, *a))[1])
+    from tiled_attn.cuda import _build
+    real_call = _build.call  # every call into the extension goes through it
+    monkeypatch.setattr(_build, "call", lambda fn, *a: (calls.append(fn), real_call(fn, *a))[1])
     gen = torch.Generator().manual_seed(seed)
     q, k, v = _qkv(1, 32, 8, 1, 4096, 128, torch.bfloat16, "cuda", gen)
     out, lse = __import__("tiled_attn").attention(q, k, v, return_lse=True, backend="cuda")

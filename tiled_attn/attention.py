@@ -63,15 +63,15 @@ def _effective_offset(causal: bool, offset: int, nq: int, nk: int) -> tuple[bool
 class AttentionPlan:
     """A validated signature's forward: the backend, the outputs' layout and the launches."""
 
-    __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "scale", "causal",
-                 "offset", "empty", "run", "native_kw")
+    __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
+                 "causal", "offset", "empty", "run", "native_kw")
 
     def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str):
         self.backend, self.scale = backend, scale
         self.causal, self.offset = causal, causal_offset
         out, lse = _alloc(q, v)
         self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), q.dtype, q.device
-        self.lse_size = lse.shape
+        self.lse_size, self.lse_stride = lse.shape, lse.stride()
         # Nothing to compute: no query rows, or no keys (every row empty: output 0, lse -inf).
         self.empty = "rows" if q.numel() == 0 else "keys" if k.shape[2] == 0 else None
         self.run, self.native_kw = None, None
@@ -101,7 +101,7 @@ class AttentionPlan:
         if self.native_kw is not None:
             return F.scaled_dot_product_attention(q, k, v, **self.native_kw), None
         out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_size, dtype=torch.float32, device=self.device)
+        lse = torch.empty_strided(self.lse_size, self.lse_stride, dtype=torch.float32, device=self.device)
         if _checks.POISON_OUTPUTS:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
@@ -188,12 +188,16 @@ def _(q, k, v, scale, causal, causal_offset, backend):
 _attention_op = torch.ops.tiled_attn.attention_fwd.default
 
 
-def _plain(*tensors) -> bool:
-    return all(type(t) is torch.Tensor for t in tensors) and _plan.eager()
+_Tensor = torch.Tensor
 
 
-def _grad_needed(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _plain(q, k, v) -> bool:
+    """Eager on plain tensors: the plan path (tiled_attn/_plan.py)."""
+    return type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and _plan.eager()
+
+
+def _grad_needed(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def _forward(q, k, v, scale, causal, causal_offset, backend):

@@ -477,6 +477,13 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # covers 16-wide and unequal BLOCK_M/BLOCK_N tiles, test_kernel_variants every FMA/LATE_L/ADDR.
 
 
+# Below this many matmul FLOPs (4·B·H·Nq·Nk·D, halved when causal) the attention kernels read K/V
+# through pointers, not TMA descriptors: each call builds two descriptors on the host (~10 µs of
+# host time, measured in the H100 profile of 2026-11-23: benchmarks/profile_host.py), and a kernel
+# of fewer FLOPs (~30 µs at ~400 TFLOP/s) ends before the host is done with the next call, so the
+# descriptors' cost would show in an eager call. Above it the host cost hides under the kernel.
+TRITON_TMA_MIN_FLOPS = 1.2e10
+
 # The kernel-structure fields a row may leave out: the first version's kernel.
 TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr"}
 _DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256, "merge_warps": 4}

@@ -269,6 +269,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     # Inputs whose layout the 16-byte copies cannot take are copied (.contiguous()) on every call;
     # those that can are copied only when their base address is not 16-byte aligned.
     layout_ok = [_layout_ready(t, t.shape[:3]) for t in (q, k, v)]
+    all_ready = all(layout_ok)
     out_ok, lse_ok = _layout_ready(out, out.shape[:3]), lse.is_contiguous() and lse.dtype == torch.float32
     scale, causal, causal_offset, index = float(scale), bool(causal), int(causal_offset), q.device.index
     workspace = b * hq * nq * num_splits * (d + 2)
@@ -280,7 +281,8 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     call = _build.call
 
     def run(q, k, v, out, lse):
-        q, k, v = (t if ok and t.data_ptr() % 16 == 0 else t.contiguous() for t, ok in zip((q, k, v), layout_ok))
+        if not all_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
+            q, k, v = (t if ok and t.data_ptr() % 16 == 0 else t.contiguous() for t, ok in zip((q, k, v), layout_ok))
         out_k = out if out_ok and out.data_ptr() % 16 == 0 else torch.empty(
             b, nq, hq, d, dtype=out.dtype, device=out.device).transpose(1, 2)
         lse_k = lse if lse_ok else torch.empty(b, hq, nq, dtype=torch.float32, device=lse.device)

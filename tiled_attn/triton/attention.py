@@ -143,8 +143,11 @@ def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale
     lp = {"kernel": p["kernel"], "const": const, "offset": p["offset"], "group": p["group"],
           "m_tiles": p["m_tiles"], "n_q": n_q, "n_k": k.shape[2], "d": d, "heads": hq,
           # TMA: 16-bit only (the chunked float32 dot loads K in another shape), never in the
-          # interpreter's UPCAST mode; the per-call alignment check may still refuse it.
-          "tma": p["ADDR"] == "tma" and not fp32 and not upcast,
+          # interpreter's UPCAST mode, nor where the kernel is shorter than the host cost of its
+          # two descriptors (configs.TRITON_TMA_MIN_FLOPS); the per-call alignment check may still
+          # refuse it.
+          "tma": (p["ADDR"] == "tma" and not fp32 and not upcast
+                  and _flops(b, hq, n_q, k.shape[2], d, p["causal"]) >= configs.TRITON_TMA_MIN_FLOPS),
           "addr": "offs" if p["ADDR"] == "tma" else p["ADDR"]}
     if p["kernel"] == "fwd":
         lp["grid"] = (b * hq * p["m_tiles"],)
@@ -159,6 +162,11 @@ def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale
                                BLOCK_D=p["BLOCK_D"], UPCAST=upcast, RAW=raw, ACCURATE=fp32,
                                num_warps=p["merge_warps"]))
     return lp
+
+
+def _flops(b: int, hq: int, n_q: int, n_k: int, d: int, causal: bool) -> float:
+    """The forward's matmul FLOPs (Q·Kᵀ and P·V), halved under a causal mask."""
+    return 4.0 * b * hq * n_q * n_k * d / (2 if causal else 1)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -200,12 +208,16 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
 
     def launches(addr: str) -> dict:
         meta = dict(const, WIDE=wide, ADDR=addr)
+        # The arguments whose 16-byte alignment can change from call to call: q, and k and v unless
+        # they are descriptors (made only from aligned bases). out, lse and the workspace come from
+        # torch's allocator, which aligns every block to far more than 16 bytes.
+        user = (0,) if addr == "tma" else (0, 1, 2)
         if lp["kernel"] == "fwd":
-            return {"fwd": Launch(attention_fwd_kernel, lp["grid"], meta, device)}
+            return {"fwd": Launch(attention_fwd_kernel, lp["grid"], meta, device, user)}
         split = lp["splits"] > 1
-        found = {"decode": Launch(attention_decode_kernel, lp["grid"], dict(meta, SPLIT=split), device)}
+        found = {"decode": Launch(attention_decode_kernel, lp["grid"], dict(meta, SPLIT=split), device, user)}
         if split:
-            found["merge"] = Launch(attention_merge_kernel, lp["merge_grid"], lp["merge_const"], device)
+            found["merge"] = Launch(attention_merge_kernel, lp["merge_grid"], lp["merge_const"], device, ())
         return found
 
     plain = launches(lp["addr"])

@@ -10,9 +10,11 @@ JIT dispatch once per alignment pattern, keeps the CompiledKernel it returns, an
 calls its launcher directly with the arguments Triton would have passed (runtime arguments, then
 the constexpr values in signature order) on the current stream of the plan's device.
 
-Not on that path: Triton's launch hooks (knobs.runtime.launch_enter_hook, used by proton) see only
-the first launch of each specialization; the interpreter (TRITON_INTERPRET=1) always goes through
-`kernel[grid]`.
+It calls the launcher's module function itself (CudaLauncher.__call__ without its Python wrapper,
+which only allocates Triton's global/profile scratch buffers: none of our kernels uses them, checked
+at the first launch). Not on that path: Triton's launch hooks (knobs.runtime.launch_enter_hook, used
+by proton) see only the first launch of each specialization; the interpreter (TRITON_INTERPRET=1)
+always goes through `kernel[grid]`.
 """
 from __future__ import annotations
 
@@ -43,23 +45,22 @@ def _signature(py_fn) -> tuple[int, list]:
     return first, params
 
 
-def _address(a) -> int:
-    return a.data_ptr() if isinstance(a, torch.Tensor) else a.base.data_ptr()  # TensorDescriptor
-
-
 class Launch:
     """One kernel with its grid and meta-parameters fixed. `launch(*args)` runs it on the current
     stream; `args` are the kernel's runtime (non-constexpr) arguments in signature order, and the
-    integers among them must be the same on every call (the plan's signature guarantees it)."""
+    integers among them must be the same on every call (the plan's signature guarantees it).
+    `checked`: the positions of the tensor arguments whose alignment can differ between calls
+    (default: every tensor); tensors the plan allocates itself are always aligned."""
 
-    __slots__ = ("fn", "grid", "meta", "device", "_runtime", "_tail", "_compiled", "_pointers", "_interpret")
+    __slots__ = ("fn", "grid", "meta", "device", "_runtime", "_tail", "_compiled", "_checked",
+                 "_interpret")
 
-    def __init__(self, fn, grid: tuple, meta: dict, device: torch.device):
+    def __init__(self, fn, grid: tuple, meta: dict, device: torch.device, checked: tuple | None = None):
         self.fn, self.meta, self.device = fn, meta, device
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self._interpret = device.type != "cuda" or _checks.triton_interpret()
         self._compiled: dict = {}
-        self._pointers: tuple | None = None
+        self._checked = checked
         self._runtime, self._tail = self._constexpr_tail(fn, meta)
 
     @staticmethod
@@ -82,31 +83,40 @@ class Launch:
         if self._interpret:
             self.fn[self.grid](*args, **self.meta)
             return
-        pointers = self._pointers
-        if pointers is None:
-            pointers = self._pointers = tuple(i for i, a in enumerate(args) if not isinstance(a, (int, float)))
+        checked = self._checked
+        if checked is None:
+            checked = self._checked = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         bits = 0
-        for i in pointers:
-            bits |= _address(args[i])
-        key = True if bits % _ALIGN == 0 else tuple(_address(args[i]) % _ALIGN == 0 for i in pointers)
+        for i in checked:
+            bits |= args[i].data_ptr()
+        key = True if bits % _ALIGN == 0 else tuple(args[i].data_ptr() % _ALIGN == 0 for i in checked)
         compiled = self._compiled.get(key)
-        if compiled is None:
-            if _current_device() != self.device.index:
-                with torch.cuda.device(self.device.index):
-                    return self.__call__(*args)
-            if len(args) != self._runtime:
-                raise TypeError(f"{self.fn.fn.__name__} takes {self._runtime} runtime arguments, got {len(args)}")
-            # JIT dispatch: compiles (or finds in Triton's cache) the kernel for this specialization
-            # and launches it; its handles serve every later call with the same alignment.
-            kernel = self.fn[self.grid](*args, **self.meta)
-            self._compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata)
+        index = self.device.index
+        if compiled is None or _current_device() != index:
+            self._slow(key, args)
             return
-        run, function, packed = compiled
-        g, index = self.grid, self.device.index
-        if _current_device() != index:
-            # The compiled function belongs to its device's context: launch with that one current.
-            with torch.cuda.device(index):
-                run(g[0], g[1], g[2], _raw_stream(index), function, packed, None, None, None,
-                    *args, *self._tail)
+        launch, function, packed, coop, pdl = compiled
+        g = self.grid
+        launch(g[0], g[1], g[2], _raw_stream(index), function, coop, pdl, None, None, packed, None, None,
+               None, *args, *self._tail)
+
+    def _slow(self, key, args) -> None:
+        """The first launch of a specialization (JIT dispatch), or a launch from another current
+        device (the compiled function belongs to its device's context)."""
+        if _current_device() != self.device.index:
+            with torch.cuda.device(self.device.index):
+                self(*args)
             return
-        run(g[0], g[1], g[2], _raw_stream(index), function, packed, None, None, None, *args, *self._tail)
+        if len(args) != self._runtime:
+            raise TypeError(f"{self.fn.fn.__name__} takes {self._runtime} runtime arguments, got {len(args)}")
+        # JIT dispatch: compiles (or finds in Triton's cache) the kernel for this specialization
+        # and launches it; its handles serve every later call with the same alignment.
+        kernel = self.fn[self.grid](*args, **self.meta)
+        launcher = kernel.run  # triton/backends/nvidia/driver.py CudaLauncher
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            raise NotImplementedError(f"{self.fn.fn.__name__} needs Triton's scratch memory: Launch does "
+                                      "not allocate it")
+        # CudaLauncher.__call__ without its Python wrapper: the module's launch function with no
+        # scratch buffers (checked above) and no launch hooks.
+        self._compiled[key] = (launcher.launch, kernel.function, kernel.packed_metadata,
+                               launcher.launch_cooperative_grid, launcher.launch_pdl)
