@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tiled_attn as ta  # noqa: E402
+from tiled_attn import _plan  # noqa: E402
 
 
 def _cases(device: torch.device):
@@ -56,26 +57,33 @@ def _cases(device: torch.device):
     return cases
 
 
-def _growing(fn, q, k, layers: int = 16, span: int = 4096):
-    keys = torch.randn(k.shape[0], k.shape[1], k.shape[2] + span, k.shape[3], device=k.device, dtype=k.dtype)
-    state = {"i": 0, "k": None}
+def _growing(fn, q, k, layers: int = 16, steps: int = 256):
+    """Calls of a 16-layer decode loop: the key/value length grows by one every `layers` calls (a
+    new tensor each step, as torch.cat makes), so one call in 16 has a new signature. `steps`
+    lengths, then they repeat: _us_per_call's warm-up pass compiles every kernel specialization the
+    lengths need (a one-time JIT cost, not the per-step cost measured here), and `fresh` is called
+    before each timed pass, so our plans are made anew in it (torch's own per-shape caches stay
+    warm: this favours torch)."""
+    keys = torch.randn(k.shape[0], k.shape[1], k.shape[2] + steps, k.shape[3], device=k.device, dtype=k.dtype)
+    lengths = [keys[:, :, :k.shape[2] + i].contiguous() for i in range(steps)]
+    state = {"i": 0}
 
     def call():
         i = state["i"]
-        if i % layers == 0:  # a new step: the cache is one longer (a new tensor, as torch.cat makes)
-            n = k.shape[2] + (i // layers) % span
-            state["k"] = keys[:, :, :n].contiguous()
         state["i"] = i + 1
-        return fn(q, state["k"])
+        return fn(q, lengths[(i // layers) % steps])
+    call.calls = layers * steps
     return call
 
 
 def _us_per_call(fn, calls: int, device) -> float:
-    for _ in range(50):
+    calls = getattr(fn, "calls", calls)
+    for _ in range(getattr(fn, "calls", 50)):
         fn()
     torch.cuda.synchronize(device)
     best = float("inf")
     for _ in range(5):
+        _plan.clear_all()  # a growing case makes its plans anew in each pass; others: one miss
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -104,8 +112,9 @@ def main(argv=None) -> int:
         report.append(f"{name:28s} {us:8.1f} us/call")
         if name.startswith("ta."):
             prof = cProfile.Profile()
+            _plan.clear_all()
             prof.enable()
-            for _ in range(args.calls):
+            for _ in range(getattr(fn, "calls", args.calls)):
                 fn()
             prof.disable()
             torch.cuda.synchronize(device)

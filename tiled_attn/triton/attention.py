@@ -25,7 +25,7 @@ import os
 import torch
 import triton
 
-from .. import _checks, configs
+from .. import _checks, _plan, configs
 from . import online
 from .launch import Launch
 from .attention_decode import attention_decode_kernel, attention_merge_kernel
@@ -45,9 +45,19 @@ MAX_MERGE_TILE = 64
 MERGE_TILE_ELEMS = 8192
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (triton.next_power_of_2 without its @jit dispatch: ~5 µs a
+    call, and a plan makes a dozen)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def merge_tile(splits: int, block_d: int) -> int:
     """BLOCK_S of the merge kernel for `splits` partials of BLOCK_D values each."""
-    return max(1, min(MAX_MERGE_TILE, MERGE_TILE_ELEMS // block_d, triton.next_power_of_2(splits)))
+    return max(1, min(MAX_MERGE_TILE, MERGE_TILE_ELEMS // block_d, _pow2(splits)))
 
 
 def d_class(d: int) -> str:
@@ -58,6 +68,12 @@ def size_class(n_k: int) -> str:
     return "short" if n_k <= 1024 else "long"
 
 
+# (kernel, arch, dtype, d class, causal, size class) -> the completed row: a plan is made per new
+# shape (a decode loop makes one per step), the row only per class. Cleared with the plans when a
+# config table changes (configs._Table).
+_ROWS = _plan.PlanCache("triton attention config rows")
+
+
 def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, causal: bool, n_k: int,
            arch: str | None = None) -> dict:
     """The TRITON_ATTENTION row for this call (exact key first, then wildcards; arch before 'any'),
@@ -65,6 +81,14 @@ def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, causal
     device's (offline compile checks)."""
     arch = arch or configs.arch(device)
     exact = (configs.dtype_key(dtype), d_class(d), causal, size_class(n_k))
+    key = (kernel, arch) + exact
+    row = _ROWS.get(key)
+    if row is None:
+        row = _ROWS.put(key, _find_row(kernel, arch, exact))
+    return row
+
+
+def _find_row(kernel: str, arch: str, exact: tuple) -> dict:
     for a in (arch, "any"):
         for rest in itertools.product(*((e, "*") for e in exact)):
             row = configs.TRITON_ATTENTION.get((kernel, a) + rest)
@@ -102,24 +126,24 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
         kernel = "decode" if n_q * group <= dec["max_rows"] or n_q <= dec["max_q"] else "fwd"
     cfg = config(kernel, q.device, q.dtype, d, causal, n_k)
     p = {"kernel": kernel, "causal": causal, "offset": offset, "group": group,
-         "BLOCK_D": max(MIN_DOT, triton.next_power_of_2(d)), **cfg}
+         "BLOCK_D": max(MIN_DOT, _pow2(d)), **cfg}
     if kernel == "fwd":
-        p["m_tiles"] = triton.cdiv(n_q, cfg["BLOCK_M"])
+        p["m_tiles"] = _cdiv(n_q, cfg["BLOCK_M"])
         return p
     rows = n_q * group
-    p["BLOCK_M"] = max(MIN_DOT, min(cfg["BLOCK_M"], triton.next_power_of_2(rows)))
-    p["m_tiles"] = triton.cdiv(rows, p["BLOCK_M"])
+    p["BLOCK_M"] = max(MIN_DOT, min(cfg["BLOCK_M"], _pow2(rows)))
+    p["m_tiles"] = _cdiv(rows, p["BLOCK_M"])
     # Keys some query can see: a causal mask hides the end of the keys from every row.
     n_seen = min(n_k, n_q + offset) if causal else n_k
     if num_splits is None:
         # `waves` programs per SM in all: as many as are resident at once (2 at the H100 decode
         # row's shared memory), so the grid is one wave with no tail.
         programs = b * hkv * p["m_tiles"]
-        wanted = triton.cdiv(int(cfg["waves"] * _sm_count(q.device)), programs)
-        num_splits = max(1, min(wanted, triton.cdiv(n_seen, cfg["min_split_keys"])))
-    num_splits = max(1, min(num_splits, triton.cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
-    p["split_len"] = triton.cdiv(triton.cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
-    p["num_splits"] = triton.cdiv(max(n_seen, 1), p["split_len"])
+        wanted = _cdiv(int(cfg["waves"] * _sm_count(q.device)), programs)
+        num_splits = max(1, min(wanted, _cdiv(n_seen, cfg["min_split_keys"])))
+    num_splits = max(1, min(num_splits, _cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
+    p["split_len"] = _cdiv(_cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    p["num_splits"] = _cdiv(max(n_seen, 1), p["split_len"])
     return p
 
 
