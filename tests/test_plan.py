@@ -326,3 +326,24 @@ def test_graph_capture_after_plans(seed):
     torch.cuda.synchronize()
     for got, want in zip(outs, eager):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@gpu
+def test_decode_loop_shares_compiled_kernels(seed):
+    """A decode loop makes a plan per step (the key length grows); the new plans find the kernels
+    earlier plans compiled (triton/launch.py _SHARED, Triton's own specialization), and every step
+    is still right."""
+    from tiled_attn.triton import launch as launch_mod
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((2, 8, 1, 64), torch.bfloat16, "cuda", gen)
+    cache = randn((2, 2, 420, 64), torch.bfloat16, "cuda", gen)
+    before = len(launch_mod._SHARED)
+    steps = range(300, 420, 3)
+    for n in steps:
+        k = cache[:, :, :n].contiguous()  # a new tensor per step, as torch.cat makes
+        out = ta.attention(q, k, k, backend="triton")
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), k.double(), enable_gqa=True)
+        theirs = F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        assert_rule(out, ref, theirs, dtype=q.dtype, seed=seed, what=f"decode Nk={n}")
+    # one compiled kernel per (kernel, specialization): Nk % 16 and the split count vary, little else
+    assert len(launch_mod._SHARED) - before < len(steps) // 2

@@ -22,6 +22,7 @@ import functools
 import inspect
 
 import torch
+from triton._C.libtriton import native_specialize_impl
 from triton.runtime.jit import _normalize_ty
 
 from .. import _checks
@@ -45,6 +46,30 @@ def _signature(py_fn) -> tuple[int, list]:
     return first, params
 
 
+# (kernel, device, meta-parameters, Triton's specialization of every runtime argument) -> compiled
+# handles, shared by every Launch: a new plan (a decode loop makes one per step, for a key length
+# one longer) finds the kernel an earlier plan compiled for the same specialization here, without
+# JIT dispatch. The specialization is Triton's own (native_specialize_impl, as its binder calls
+# it), so an entry is exactly the kernel Triton's cache would return.
+_SHARED: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _shareable(fn) -> bool:
+    """Whether Triton specializes every runtime argument of `fn` by the plain rule (no
+    do_not_specialize, no annotations), which _specialization assumes."""
+    first, params = _signature(fn.fn)
+    return (not getattr(fn, "do_not_specialize", None) and not getattr(fn, "do_not_specialize_on_alignment", None)
+            and all(p.annotation is p.empty for p in params[:first]))
+
+
+def _specialization(fn, index: int, args) -> tuple | None:
+    if not _shareable(fn) or not all(isinstance(a, (torch.Tensor, int, float)) for a in args):
+        return None  # a tensor descriptor, say: JIT dispatch decides
+    backend = fn.device_caches[index][3]
+    return tuple(native_specialize_impl(backend, a, False, True, True) for a in args)
+
+
 class Launch:
     """One kernel with its grid and meta-parameters fixed. `launch(*args)` runs it on the current
     stream; `args` are the kernel's runtime (non-constexpr) arguments in signature order, and the
@@ -53,7 +78,7 @@ class Launch:
     (default: every tensor); tensors the plan allocates itself are always aligned."""
 
     __slots__ = ("fn", "grid", "meta", "device", "_runtime", "_tail", "_compiled", "_checked",
-                 "_interpret")
+                 "_interpret", "_meta_key")
 
     def __init__(self, fn, grid: tuple, meta: dict, device: torch.device, checked: tuple | None = None):
         self.fn, self.meta, self.device = fn, meta, device
@@ -62,6 +87,7 @@ class Launch:
         self._compiled: dict = {}
         self._checked = checked
         self._runtime, self._tail = self._constexpr_tail(fn, meta)
+        self._meta_key = tuple(sorted(meta.items()))
 
     @staticmethod
     def _constexpr_tail(fn, meta: dict) -> tuple:
@@ -109,6 +135,13 @@ class Launch:
             return
         if len(args) != self._runtime:
             raise TypeError(f"{self.fn.fn.__name__} takes {self._runtime} runtime arguments, got {len(args)}")
+        spec = _specialization(self.fn, self.device.index, args)
+        shared_key = None if spec is None else (self.fn, self.device.index, self._meta_key, spec)
+        handles = _SHARED.get(shared_key) if shared_key is not None else None
+        if handles is not None:
+            self._compiled[key] = handles
+            self(*args)
+            return
         # JIT dispatch: compiles (or finds in Triton's cache) the kernel for this specialization
         # and launches it; its handles serve every later call with the same alignment.
         kernel = self.fn[self.grid](*args, **self.meta)
@@ -118,5 +151,8 @@ class Launch:
                                       "not allocate it")
         # CudaLauncher.__call__ without its Python wrapper: the module's launch function with no
         # scratch buffers (checked above) and no launch hooks.
-        self._compiled[key] = (launcher.launch, kernel.function, kernel.packed_metadata,
-                               launcher.launch_cooperative_grid, launcher.launch_pdl)
+        handles = (launcher.launch, kernel.function, kernel.packed_metadata,
+                   launcher.launch_cooperative_grid, launcher.launch_pdl)
+        self._compiled[key] = handles
+        if shared_key is not None:
+            _SHARED[shared_key] = handles
