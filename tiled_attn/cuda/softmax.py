@@ -1,7 +1,8 @@
 """CUDA softmax: pick the kernel and its launch config (configs.CUDA_SOFTMAX), launch csrc/softmax.
 
-Three steps, like every wrapper: the arguments were validated by tiled_attn.softmax (_checks); here
-a config is looked up and the extension is called with raw tensors and the current stream. x2d may
+The arguments were validated by tiled_attn.softmax (_checks); plan_forward / plan_backward look the
+config up, load the extension and return the call as a function (cached per signature by
+tiled_attn/softmax.py), which calls the extension with raw tensors and the current stream. x2d may
 have any strides (a column stride != 1 takes the kernels' scalar path: correct, slower, never a
 hidden copy); out2d is row-major. A row too long for an on-chip kernel (block_row_reg's registers,
 block_row_smem's shared memory: the extension's softmax_max_cols, which depends on dtype, layout

@@ -1,7 +1,11 @@
-"""The Triton softmax backend: validate the kernel choice, look up its config, launch.
+"""The Triton softmax backend: plan_forward / plan_backward validate the kernel choice, look up its
+config and return the launches as a function run(x, out) (run(y, dy, dx)), which tiled_attn/softmax.py
+caches per signature; "row" and "online" launch through their compiled kernels (launch.py).
 
 The dispatcher (tiled_attn/softmax.py) hands over an (M, N) view with any strides and a row-major
-(M, N) output; it has already validated dtype/device and never passes an empty tensor. Kernels:
+(M, N) output; it has already validated dtype/device and never passes an empty tensor. The run
+function gets tensors with the same data layout (the original tensor, whose data pointer is the
+view's: the row/online kernels need only pointers and the planned sizes and strides). Kernels:
   "row"    the row is one tile in registers: one read, one write (N up to 32768).
   "online" any N: one pass folding tiles into the online state, a reverse pass normalizing.
   "split"  few huge rows: S programs per row, partial states merged through an (M, S) buffer
