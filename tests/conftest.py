@@ -1,5 +1,6 @@
-"""Test-wide settings: outputs are NaN-poisoned, hypothesis runs a CI-sized profile, and on a
-machine without CUDA the Triton kernels run in Triton's CPU interpreter."""
+"""Test-wide settings: outputs are NaN-poisoned, seeds are fixed per test unless TILED_ATTN_SEED says
+otherwise (helpers.fresh_seed), hypothesis runs a CI-sized profile, and on a machine without CUDA the
+Triton kernels run in Triton's CPU interpreter."""
 import os
 
 import torch
@@ -12,6 +13,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+import helpers  # noqa: E402
 from helpers import fresh_seed  # noqa: E402
 from tiled_attn import _checks  # noqa: E402
 
@@ -34,11 +36,33 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     _interpreter.InterpreterBuilder.create_fma = _fused_fma
 
+# Hypothesis follows TILED_ATTN_SEED too: unset, each test's examples are a fixed function of the test
+# (derandomize) and no stored example from an earlier local run is replayed (database=None); an
+# integer seeds every test's examples with it (pytest_configure); "random" is randomized (seeded
+# with this process's random base, which the failure hint prints) and keeps the local database.
+_SEED_MODE = helpers.seed_mode()
+_HYPOTHESIS_SEEDING = (dict(derandomize=True, database=None) if _SEED_MODE == "fixed" else
+                       dict(derandomize=False, database=None) if _SEED_MODE == "int" else
+                       dict(derandomize=False))
 settings.register_profile("ci", max_examples=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                          **_HYPOTHESIS_SEEDING)
 settings.register_profile("gpu", max_examples=100, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                          **_HYPOTHESIS_SEEDING)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    if _SEED_MODE != "fixed" and config.getoption("hypothesis_seed", None) is None:
+        from hypothesis import core
+        core.global_force_seed = helpers.seed_base()
+
+
+def pytest_report_header(config):
+    value = os.environ.get(helpers.SEED_ENV, "") or "(unset)"
+    base = "" if _SEED_MODE == "fixed" else f", base {helpers.seed_base()}"
+    return f"seeds: {helpers.SEED_ENV}={value} ({_SEED_MODE}{base})"
 
 
 @pytest.fixture(autouse=True)
@@ -47,9 +71,18 @@ def _poison_outputs(monkeypatch):
     monkeypatch.setattr(_checks, "POISON_OUTPUTS", True)
 
 
+@pytest.fixture(autouse=True)
+def _test_seeds(request):
+    # Every test's seeds (and the global torch/random/numpy RNGs) are a function of its node id and
+    # TILED_ATTN_SEED, never of what ran before it.
+    helpers.begin_test(request.node.nodeid)
+    yield
+    helpers.end_test()
+
+
 @pytest.fixture
-def seed():
-    # A fresh seed per test; helpers.assert_rule prints it in every failure message.
+def seed(_test_seeds):
+    # The test's first seed (helpers.fresh_seed); helpers.assert_rule prints it in every failure message.
     return fresh_seed()
 
 
@@ -78,13 +111,28 @@ def _fresh_plans():
     _plan.clear_all()
 
 
+def _rerun_hint(nodeid: str) -> str:
+    env = f"{helpers.SEED_ENV}={helpers.seed_base()} " if _SEED_MODE != "fixed" else ""
+    return f"{env}python -m pytest '{nodeid}'"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Every failure, not only assert_rule's, says how to rerun it with the same seeds.
+    report = yield
+    if report.failed:
+        report.sections.append(("seeds", f"reproduce: {_rerun_hint(item.nodeid)}"))
+    return report
+
+
 def pytest_runtest_logreport(report):
     # On the GPU job (.ci/gpu.sh) each failure's traceback is appended to a file the moment it
     # happens, so a run cut off by the device's time limit still says why each test failed.
     path = os.environ.get("TILED_ATTN_FAILLOG")
     if path and report.failed:
         with open(path, "a") as f:
-            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+            f.write(f"==== {report.nodeid} ({report.when}; reproduce: {_rerun_hint(report.nodeid)})\n"
+                    f"{report.longreprtext}\n\n")
     # ... and every test's duration, for sizing the GPU job's stages.
     path = os.environ.get("TILED_ATTN_TIMELOG")
     if path and report.when == "call":

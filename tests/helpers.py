@@ -4,15 +4,19 @@ Rule: with e_ours = max|ours − ref| and e_torch = max|torch's own op in the in
 ref is the same op in float64 on the same (already rounded) inputs, a result passes iff
     e_ours ≤ 2·e_torch + eps(dtype).
 NaN must appear exactly where the reference has NaN; ±inf exactly where it has ±inf; anywhere else
-a non-finite value fails. Every failure message carries the seed and both errors.
+a non-finite value fails. Every failure message carries the seed, how to reproduce it, and both
+errors.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
+import random
 import re
 import shutil
 import subprocess
+import sys
 
 import torch
 
@@ -24,9 +28,100 @@ LOW = (torch.float16, torch.bfloat16)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def fresh_seed() -> int:
-    """A new seed every run (fresh inputs), printed by every failure that uses it."""
-    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+# -- seeds (DESIGN §4: fixed per test in CI, fresh on request, a failing one reproducible) ----------
+# TILED_ATTN_SEED unset (CI): every seed is a fixed function of the test's pytest node id, so a landing
+# never fails at random. TILED_ATTN_SEED=random: a fresh base per process (local and GPU sweeps).
+# TILED_ATTN_SEED=<int>: that base, mixed into every test's seeds, so a failure reproduces. Unset is
+# base 0; every failure says which base it ran with (reproduce_hint).
+SEED_ENV = "TILED_ATTN_SEED"
+_random_base: int | None = None      # this process's draw for TILED_ATTN_SEED=random
+_current_test: str | None = None     # node id set by conftest's autouse fixture (begin_test)
+_draws: dict[str, int] = {}          # fresh_seed() calls so far, per node id
+
+
+def seed_mode() -> str:
+    """"fixed" (TILED_ATTN_SEED unset or empty), "random", or "int"."""
+    v = os.environ.get(SEED_ENV, "").strip().lower()
+    return "fixed" if not v else "random" if v == "random" else "int"
+
+
+def seed_base() -> int:
+    """The base mixed into every seed: 0 when unset, this process's random draw for "random", else
+    the integer given (decimal or 0x...)."""
+    global _random_base
+    mode = seed_mode()
+    if mode == "fixed":
+        return 0
+    if mode == "random":
+        if _random_base is None:
+            _random_base = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        return _random_base
+    v = os.environ[SEED_ENV].strip()
+    try:
+        return int(v, 0)
+    except ValueError:
+        raise ValueError(f"{SEED_ENV} must be unset, 'random' or an integer, not {v!r}") from None
+
+
+def seed_for(test_id: str, draw: int | str = 0) -> int:
+    """The seed of `test_id`'s draw `draw` under the current TILED_ATTN_SEED: a hash, so it changes
+    with neither the order tests run in nor which others run (-k, xdist, shards)."""
+    digest = hashlib.sha256(f"{seed_base()}|{test_id}|{draw}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def current_test_id() -> str:
+    """The running test's node id (from conftest's fixture, else PYTEST_CURRENT_TEST minus its
+    " (call)" suffix); outside pytest (tests/gpu_sanitize.py) the script's name."""
+    if _current_test is not None:
+        return _current_test
+    cur = os.environ.get("PYTEST_CURRENT_TEST")
+    if cur:
+        return cur.rsplit(" (", 1)[0]
+    return "script:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+
+
+def begin_test(test_id: str) -> int:
+    """Called by conftest before each test: restarts its draw count and seeds the global RNGs
+    (torch, random, numpy) from it, so an unseeded torch.randn or module init is fixed too."""
+    global _current_test
+    _current_test = test_id
+    _draws[test_id] = 0
+    g = seed_for(test_id, "global")
+    torch.manual_seed(g)
+    random.seed(g)
+    try:
+        import numpy as np
+        np.random.seed(g)
+    except ImportError:  # pragma: no cover
+        pass
+    return g
+
+
+def end_test() -> None:
+    global _current_test
+    if _current_test is not None:
+        _draws.pop(_current_test, None)
+    _current_test = None
+
+
+def fresh_seed(test_id: str | None = None) -> int:
+    """The next seed of this test: draw 0, 1, 2, ... of seed_for(node id) (the `seed` fixture is
+    draw 0), so two calls differ but every run gives the same ones (TILED_ATTN_SEED unset).
+    Printed by every failure that uses it. In a @given test draw the seed from hypothesis instead
+    (data.draw(st.integers(...))): its replay of a failing example must see the same seed."""
+    test_id = test_id or current_test_id()
+    n = _draws.get(test_id, 0)
+    _draws[test_id] = n + 1
+    return seed_for(test_id, n)
+
+
+def reproduce_hint() -> str:
+    """How to rerun with the same seeds, for failure messages."""
+    mode = seed_mode()
+    if mode == "fixed":
+        return f"{SEED_ENV} unset: a rerun reproduces it"
+    return f"reproduce with {SEED_ENV}={seed_base()}"
 
 
 def device_for(backend: str) -> str:
@@ -74,7 +169,7 @@ def assert_rule(ours: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, 
                 seed: int, what: str = "") -> None:
     """Assert DESIGN §4: `ours` against the float64 `ref`, allowed 2× torch's own error + eps."""
     ours_c, ref_c = ours.detach().double().cpu(), ref.detach().double().cpu()
-    tag = f"[{what} seed={seed}]"
+    tag = f"[{what} seed={seed}; {reproduce_hint()}]"
     assert ours_c.shape == ref_c.shape, f"{tag} shape {tuple(ours_c.shape)} != reference {tuple(ref_c.shape)}"
     nan_ref, nan_ours = torch.isnan(ref_c), torch.isnan(ours_c)
     assert torch.equal(nan_ours, nan_ref), (
@@ -172,10 +267,11 @@ def build_attention_emulator(name: str, out_dir: pathlib.Path) -> pathlib.Path:
 
 
 def run_attention_emulator(exe: pathlib.Path, head_dim: int, timeout: int) -> str:
-    """Run an emulator from build_attention_emulator on every case of `head_dim` with a fresh seed;
-    assert it exits 0 (the message carries the seed and the output's tail) and return its stdout."""
+    """Run an emulator from build_attention_emulator on every case of `head_dim` with the test's next
+    seed (fresh_seed); assert it exits 0 (the message carries the seed and the output's tail) and
+    return its stdout."""
     seed = fresh_seed()
     r = subprocess.run([str(exe), str(head_dim), str(seed)], capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, (f"[seed={seed}] emulated {exe.name} failed for D={head_dim}:\n"
-                               f"{r.stdout[-6000:]}{r.stderr[-2000:]}")
+    assert r.returncode == 0, (f"[seed={seed}; {reproduce_hint()}] emulated {exe.name} failed for "
+                               f"D={head_dim}:\n{r.stdout[-6000:]}{r.stderr[-2000:]}")
     return r.stdout
