@@ -25,9 +25,9 @@ import os
 import torch
 import triton
 
-from .. import _checks, _plan, configs
+from .. import _plan, configs
 from . import online
-from .launch import Launch
+from .launch import Launch, interpreted
 from .attention_decode import attention_decode_kernel, attention_merge_kernel
 from .attention_fwd import attention_fwd_kernel
 
@@ -218,7 +218,7 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
                  kernel: str | None = None, num_splits: int | None = None):
     """run(q, k, v, out, lse): the launches of attention of q over k, v into out (B, Hq, Nq, D) and
     lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc)."""
-    interpret = q.device.type != "cuda" or _checks.triton_interpret()
+    interpret = q.device.type != "cuda" or interpreted(attention_fwd_kernel)
     lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0, interpret)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     wide = max(max(sq), max(sk), max(sv), max(so)) >= WIDE_STRIDE

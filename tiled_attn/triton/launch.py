@@ -25,7 +25,6 @@ import torch
 from triton._C.libtriton import native_specialize_impl
 from triton.runtime.jit import _normalize_ty
 
-from .. import _checks
 from .._plan import current_device as _current_device
 from .._plan import current_stream as _raw_stream
 
@@ -54,20 +53,31 @@ def _signature(py_fn) -> tuple[int, list]:
 _SHARED: dict = {}
 
 
+def interpreted(fn) -> bool:
+    """Whether `fn` runs in Triton's CPU interpreter (its module was imported under
+    TRITON_INTERPRET=1: @triton.jit then makes an InterpretedFunction). No environment read per call."""
+    return not hasattr(fn, "device_caches")
+
+
 @functools.lru_cache(maxsize=None)
-def _shareable(fn) -> bool:
-    """Whether Triton specializes every runtime argument of `fn` by the plain rule (no
-    do_not_specialize, no annotations), which _specialization assumes."""
-    first, params = _signature(fn.fn)
-    return (not getattr(fn, "do_not_specialize", None) and not getattr(fn, "do_not_specialize_on_alignment", None)
-            and all(p.annotation is p.empty for p in params[:first]))
+def _flags(fn) -> tuple | None:
+    """Per runtime parameter, the (is_const, specialize, align) Triton's binder passes to
+    native_specialize_impl; None when a parameter carries a type annotation (the binder then
+    rewrites the result, which _specialization does not)."""
+    first, _ = _signature(fn.fn)
+    params = fn.params[:first]
+    if any(p.annotation_type for p in params):
+        return None
+    return tuple((p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment) for p in params)
 
 
 def _specialization(fn, index: int, args) -> tuple | None:
-    if not _shareable(fn) or not all(isinstance(a, (torch.Tensor, int, float)) for a in args):
+    """Triton's specialization of the runtime arguments, as its binder computes it."""
+    flags = _flags(fn)
+    if flags is None or not all(isinstance(a, (torch.Tensor, int, float)) for a in args):
         return None  # a tensor descriptor, say: JIT dispatch decides
     backend = fn.device_caches[index][3]
-    return tuple(native_specialize_impl(backend, a, False, True, True) for a in args)
+    return tuple(native_specialize_impl(backend, a, c, s, al) for a, (c, s, al) in zip(args, flags))
 
 
 class Launch:
@@ -83,7 +93,7 @@ class Launch:
     def __init__(self, fn, grid: tuple, meta: dict, device: torch.device, checked: tuple | None = None):
         self.fn, self.meta, self.device = fn, meta, device
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self._interpret = device.type != "cuda" or _checks.triton_interpret()
+        self._interpret = interpreted(fn)
         self._compiled: dict = {}
         self._checked = checked
         self._runtime, self._tail = self._constexpr_tail(fn, meta)
