@@ -23,7 +23,8 @@ from pathlib import Path
 
 # Attention runs last: it is the longest (one FlexAttention compile per shape), so a run that
 # reaches its budget loses the fewest suites.
-GPU_SUITES = ("softmax", "softmax_backward", "decode", "attention")
+# overhead first (seconds), e2e last (minutes, the model pairs).
+GPU_SUITES = ("overhead", "softmax", "softmax_backward", "decode", "attention", "e2e")
 ALIASES = {"softmax-backward": "softmax_backward", "backward": "softmax_backward",
            "bwd": "softmax_backward", "fwd": "softmax", "gpu": ",".join(GPU_SUITES)}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -46,9 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run (default 540 on a GPU, none on the CPU); "
                          "each suite's cap shrinks to what is left")
-    ap.add_argument("--timing", choices=("graph", "events"), default="graph",
-                    help="GPU timing: CUDA-graph replays (kernel time, the default) or per-call "
-                         "CUDA events (includes Python launch overhead)")
+    ap.add_argument("--timing", choices=("eager", "events", "graph"), default="eager",
+                    help="GPU timing: 'eager' (default, DESIGN §6): per-call CUDA events over "
+                         "back-to-back calls, what a user's call gets, host cost included, as the "
+                         "headline, and CUDA-graph replays (kernel time) as a second column; "
+                         "'events': the eager figure only; 'graph': graph replays only")
     ap.add_argument("--warmup-ms", type=float, default=None)
     ap.add_argument("--rep-ms", type=float, default=None)
     ap.add_argument("--seed", type=int, default=None, help="base seed (default: fresh)")
@@ -74,10 +77,11 @@ def _suite_names(args, cuda: bool) -> list[str]:
 
 
 def _load_suites(names: list[str]) -> list:
-    from . import suite_attention, suite_cpu, suite_decode, suite_softmax, suite_softmax_backward
+    from . import (suite_attention, suite_cpu, suite_decode, suite_e2e, suite_overhead, suite_softmax,
+                   suite_softmax_backward)
     modules = {"softmax": [suite_softmax.SUITE], "softmax_backward": [suite_softmax_backward.SUITE],
                "attention": [suite_attention.SUITE], "decode": [suite_decode.SUITE],
-               "cpu": suite_cpu.SUITES}
+               "overhead": [suite_overhead.SUITE], "e2e": [suite_e2e.SUITE], "cpu": suite_cpu.SUITES}
     return [s for n in names for s in modules[n]]
 
 
@@ -107,8 +111,12 @@ def _device_meta(device) -> dict:
 
 
 def _timing_note(mode: str, warmup: float, rep: float) -> str:
-    how = ("CUDA-graph replays of the calls (kernel time; per-call CUDA events where a provider "
-           "cannot be captured, marked per row)" if mode == "graph" else "per-call CUDA events")
+    how = {"graph": "CUDA-graph replays of the calls (kernel time; per-call CUDA events where a "
+                    "provider cannot be captured, marked per row)",
+           "events": "per-call CUDA events over back-to-back eager calls (host cost included)",
+           "eager": "per-call CUDA events over back-to-back eager calls (host cost included: what a "
+                    "user's call gets) as the headline; CUDA-graph replays of the same calls (kernel "
+                    "time) as the second column (graph_ms in the JSON)"}[mode]
     return (f"median; GPU: {how}, warm-up {warmup:g} ms, {rep:g} ms of repeats per point, input "
             "sets rotating through >= 2x L2; CPU: perf_counter per call. Each provider is checked "
             "(DESIGN §4 rule against a float64 reference, float32 for attention cases over 2^30 "
@@ -156,6 +164,9 @@ def _run(args, names, cuda, console) -> int:
 
     if args.list:
         for s in suites:
+            if hasattr(s, "run"):  # a suite with its own runner (overhead, e2e)
+                report.say(console, f"{s.name}: {s.title}\n  cases: {s.describe(args.quick)}")
+                continue
             dev = torch.device("cuda" if s.device == "cuda" and cuda else "cpu")
             provs = [n + (f" (unavailable: {r})" if r else "")
                      for _, n, r in harness.expand_providers(s, dev) if not pfilter or pfilter(n)]
@@ -173,7 +184,8 @@ def _run(args, names, cuda, console) -> int:
 
     def timer_for(dev):
         if dev.type == "cuda":
-            return harness.CudaTimer(warmup, rep, graphs=args.timing == "graph")
+            return harness.CudaTimer(warmup, rep, graphs=args.timing != "events",
+                                     eager_first=args.timing != "graph")
         return harness.CpuTimer(warmup_ms=4 * warmup, rep_ms=(50.0 if quick else 200.0))
 
     primary = torch.device("cuda" if cuda and any(s.device == "cuda" for s in suites) else "cpu")
@@ -219,7 +231,18 @@ def _run(args, names, cuda, console) -> int:
         cfg = harness.RunConfig(device=dev, timer=timer_for(dev), ceilings=ceilings_by_dev[dev.type],
                                 seed=seed, quick=quick, dtypes=dtypes, provider_filter=pfilter,
                                 time_cap_s=cap, progress=report.progress_factory(console))
-        result = harness.run_suite(suite, cfg)
+        if hasattr(suite, "run"):  # its own runner (overhead, e2e): the same record format
+            try:
+                result = suite.run(cfg)
+            except Exception as err:  # noqa: BLE001 -- a suite that breaks must not cost the others
+                result = {"name": suite.name, "title": suite.title, "device": suite.device, "unit": "",
+                          "ceiling": None, "convention": "", "notes": "", "baselines": [], "plot": {},
+                          "elapsed_s": 0.0, "capped": False, "device_lost": "",
+                          "records": [dict(suite=suite.name, label="(suite)", provider="(suite)",
+                                           role="ours", status=harness.ERROR,
+                                           error=f"{type(err).__name__}: {err}"[:400])]}
+        else:
+            result = harness.run_suite(suite, cfg)
         result["ceilings"] = ceilings_by_dev[dev.type]
         run["suites"].append(result)
         any_failed |= any(r["status"] == harness.FAILED for r in result["records"])

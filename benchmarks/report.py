@@ -26,8 +26,10 @@ def _ordered(values):
     return list(seen)
 
 
-def _fmt_value(rec) -> str:
-    v, pct = rec["value"], rec["pct_ceiling"]
+def _fmt_value(rec, column: str = "") -> str:
+    v, pct = rec.get(column + "value"), rec.get(column + "pct_ceiling")
+    if v is None:
+        return ""
     num = f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
     return num if pct is None else f"{num} ({pct:.0f}%)"
 
@@ -39,8 +41,9 @@ def _columns(suite) -> list[str]:
             if any(r["provider"] == p and r["status"] != "unavailable" for r in recs)]
 
 
-def perf_table(suite) -> tuple[list[str], list[list[str]]]:
-    """Rows = cases, columns = providers, cells = metric (% of ceiling) or the status."""
+def perf_table(suite, column: str = "") -> tuple[list[str], list[list[str]]]:
+    """Rows = cases, columns = providers, cells = metric (% of ceiling) or the status; column
+    "graph_": the CUDA-graph column instead of the eager headline."""
     cols = _columns(suite)
     cells = {(r["label"], r["provider"]): r for r in suite["records"]}
     header = ["case"] + cols
@@ -49,13 +52,13 @@ def perf_table(suite) -> tuple[list[str], list[list[str]]]:
         row = [label]
         for p in cols:
             r = cells.get((label, p))
-            row.append("" if r is None else _fmt_value(r) if r["status"] == "ok"
+            row.append("" if r is None else _fmt_value(r, column) if r["status"] == "ok"
                        else STATUS_CELL.get(r["status"], r["status"]))
         rows.append(row)
     return header, rows
 
 
-def ratio_table(suite, baseline: str) -> tuple[list[str], list[list[str]]] | None:
+def ratio_table(suite, baseline: str, column: str = "") -> tuple[list[str], list[list[str]]] | None:
     """Rows = cases, columns = our providers, cells = baseline time / our time (> 1: faster)."""
     ours = [p for p in _columns(suite)
             if any(r["provider"] == p and r["role"] == "ours" and r["status"] == "ok"
@@ -68,7 +71,7 @@ def ratio_table(suite, baseline: str) -> tuple[list[str], list[list[str]]] | Non
     for label in _ordered(r["label"] for r in suite["records"]):
         row = [label]
         for p in ours:
-            ratio = (cells.get((label, p)) or {}).get("ratios", {}).get(baseline)
+            ratio = (cells.get((label, p)) or {}).get(column + "ratios", {}).get(baseline)
             row.append("" if ratio is None else f"{ratio:.2f}×")
         rows.append(row)
     return ["case"] + ours, rows
@@ -149,11 +152,21 @@ def markdown(run: dict, plots: dict[str, str] | None = None) -> str:
                   "skip = time cap.", "", f"{summary(s)}", ""]
         if s.get("notes"):
             lines += [s["notes"], ""]
-        lines += _md_table(*perf_table(s))
-        for b in s["baselines"]:
-            t = ratio_table(s, b)
-            if t:
-                lines += ["", f"Speed-up over `{b}` (its time / ours):", ""] + _md_table(*t)
+        if s.get("markdown"):  # a suite with its own tables (overhead, e2e)
+            lines += s["markdown"]
+        else:
+            lines += _md_table(*perf_table(s))
+            for b in s["baselines"]:
+                t = ratio_table(s, b)
+                if t:
+                    lines += ["", f"Speed-up over `{b}` (its time / ours):", ""] + _md_table(*t)
+        if any(r.get("graph_value") for r in s["records"]):
+            lines += ["", "CUDA-graph replay of the same calls (kernel time, no host cost), "
+                      f"{s['unit']} (% of ceiling):", ""] + _md_table(*perf_table(s, "graph_"))
+            for b in s["baselines"][:2]:
+                t = ratio_table(s, b, "graph_")
+                if t:
+                    lines += ["", f"CUDA-graph speed-up over `{b}`:", ""] + _md_table(*t)
         probs = problems(s)
         if probs:
             lines += ["", "Not measured:", ""] + [f"- {p}" for p in probs]
@@ -178,9 +191,9 @@ def plot_suite(suite: dict, ceilings: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in suite["records"] if r["status"] == "ok"]
-    if not ok:
-        return None
     spec = suite["plot"]
+    if not ok or not spec:  # nothing measured, or a suite with its own tables (overhead, e2e)
+        return None
     ceiling = ceilings.get(suite["ceiling"])
     cname = "copy bandwidth (read+write)" if suite["ceiling"] == "copy_gbps" else "dense matmul"
     providers = _ordered(r["provider"] for r in ok)

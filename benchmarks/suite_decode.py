@@ -8,8 +8,8 @@ QUICK = [dict(B=1, Hq=32, Hkv=8, Nk=32768, D=128), dict(B=16, Hq=32, Hkv=8, Nk=1
 SUITE = h.Suite(
     name="decode", title="Decode (Nq=1, GQA 32/8) vs SDPA", op=h.DECODE, device="cuda",
     shapes=SHAPES, quick_shapes=QUICK, dtypes=("bf16",),
-    providers=[h.ours_attention("triton"), h.ours_attention("cuda"), h.sdpa("flash"),
+    providers=[h.default_attention(), h.ours_attention("triton"), h.ours_attention("cuda"), h.sdpa(), h.sdpa("flash"),
                h.sdpa("cudnn"), h.sdpa("efficient")],
-    baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-efficient"),
+    baselines=("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"),
     plot=h.Plot("bars"),
 )

@@ -13,7 +13,7 @@ THREAD_PER_ROW = h.max_cols(131072, "one thread per row")
 SUITE = h.Suite(
     name="softmax", title="Softmax forward: the kernel ladder vs torch", op=h.SOFTMAX,
     device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("fp32", "bf16"),
-    providers=[h.ours_softmax("triton"),
+    providers=[h.default_softmax(), h.ours_softmax("triton"),
                h.ours_softmax("cuda", supports={"naive": THREAD_PER_ROW,
                                                 "online_thread": THREAD_PER_ROW}),
                h.torch_softmax(), h.compiled_softmax()],

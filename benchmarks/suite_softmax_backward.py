@@ -6,7 +6,7 @@ from .suite_softmax import QUICK, SHAPES
 SUITE = h.Suite(
     name="softmax_backward", title="Softmax backward vs torch autograd", op=h.SOFTMAX_BACKWARD,
     device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("fp32", "bf16"),
-    providers=[h.ours_softmax_backward("triton"), h.ours_softmax_backward("cuda"),
+    providers=[h.default_softmax_backward(), h.ours_softmax_backward("triton"), h.ours_softmax_backward("cuda"),
                h.torch_softmax_backward()],
     baselines=("torch.autograd",),
     plot=h.Plot("lines", x="N", cols="dtype"),

@@ -1,0 +1,230 @@
+"""The runner of the `e2e` suite (suite_e2e.py declares it). End to end in a real model (DESIGN §6): transformers' LlamaForCausalLM with
+attn_implementation="tiled_attn" against "sdpa", and examples/gpt.py's GPT on ta.nn.Attention
+against the same model on torch's SDPA; bf16, eager, random weights from a config (nothing is
+downloaded).
+
+Models: the Llama-3.2-1B shape (hidden 2048, 16 layers, 32 query / 8 kv heads, head dim 64, MLP
+8192, vocab 128256) and a small one (hidden 512, 4 layers, 8 / 2 heads, head dim 64). The two models
+of a pair are separate instances with the same weights (a deep copy), each with its own
+attn_implementation, checked to differ; and a profiler trace of one forward of each proves which
+attention kernels ran (ours: the Triton attention kernels; "sdpa": torch's, and none of ours). A
+"tiled_attn" model in which none of our kernels ran is recorded FAILED.
+
+Measured, each pair interleaved (ours, theirs, ours, theirs, ...; median): prefill latency of one
+forward at N = 512, 2048, 8192 (batch 1, use_cache=False, logits_to_keep=1: the LM head on the last
+token only, as generation does); decode tokens/s through generate() (greedy, 128-token prompt, 64
+new tokens, batch 1 and 8, after a warm-up generate); one training step (forward + backward of the
+causal-LM loss, N = 2048, batch 1, no optimizer step), where a model that needs gradients runs
+torch's SDPA inside ta.scaled_dot_product_attention (no attention backward yet): the record says so
+(`ours_ran` false, `falls_back` true). Records: `value` in ms (latency) or tokens/s, `ratios` =
+{"sdpa": ours over theirs as a speed-up (> 1: ours faster)}.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import harness as h
+
+# Our Triton attention kernels (the CUDA default backend) by name; torch's SDPA kernels on CUDA by
+# fragments of theirs (FA2 "pytorch_flash::", cuDNN's generated SDPA kernels, mem-efficient "fmha").
+OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_merge_kernel")
+TORCH_SDPA_KERNELS = ("pytorch_flash", "cudnn", "fmha", "efficient_attention", "sdpa")
+
+def _models(cfg_kw: dict, device, dtype):
+    import tiled_attn as ta
+    from transformers import LlamaConfig, LlamaForCausalLM
+    ta.integrations.transformers.register()
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**cfg_kw)).to(device=device, dtype=dtype).eval()
+    ours = copy.deepcopy(base)
+    base.set_attn_implementation("sdpa")
+    ours.set_attn_implementation("tiled_attn")
+    assert ours.config._attn_implementation == "tiled_attn" and base.config._attn_implementation == "sdpa"
+    assert ours.config is not base.config
+    return ours, base
+
+
+def _kernels(fn) -> list[str]:
+    """The CUDA kernel names one call of fn launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages()})
+
+
+def _which(names: list[str]) -> tuple[list[str], list[str]]:
+    ours = [n for n in names if any(k in n for k in OURS_KERNELS)]
+    theirs = [n for n in names if any(k in n.lower() for k in TORCH_SDPA_KERNELS) and n not in ours]
+    return ours, theirs
+
+
+def _timed(fn, device) -> float:
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def _pair(fns: dict, repeats: int, device) -> dict:
+    """Median seconds of each fn, interleaved."""
+    for fn in fns.values():
+        fn()
+    samples = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            samples[k].append(_timed(fn, device))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _record(label, provider, role, value, unit_is_rate, ratio=None, **kw):
+    rec = dict(suite="e2e", label=label, provider=provider, role=role, status=h.OK, value=value,
+               pct_ceiling=None, **kw)
+    if ratio is not None:
+        rec["ratios"] = {"sdpa": ratio}
+    return rec
+
+
+class E2ESuite:
+    name = "e2e"
+    title = "End to end: transformers Llama and examples/gpt.py, tiled_attn vs sdpa (bf16, eager)"
+    device = "cuda"
+
+    def __init__(self, configs: dict):
+        self.configs = configs  # name -> LlamaConfig keyword arguments
+
+    def describe(self, quick: bool) -> str:
+        return ("Llama-3.2-1B shape and a small Llama: prefill N=512/2048/8192, decode tokens/s "
+                "b=1/8, one training step; examples/gpt.py's GPT forward")
+
+    def run(self, cfg, configs=None, prefill=(512, 2048, 8192), batches=(1, 8), new_tokens=64,
+            prompt=128, train_n=2048, repeats=None, dtype=torch.bfloat16) -> dict:
+        t0 = time.perf_counter()
+        device = cfg.device
+        repeats = repeats or (3 if cfg.quick else 5)
+        records = []
+        for cname, kw in (configs or self.configs).items():
+            if cfg.quick and cname != "small" and configs is None:
+                prefill_ns = prefill[:1]
+            else:
+                prefill_ns = prefill
+            try:
+                ours, theirs = _models(kw, device, dtype)
+            except Exception as err:  # transformers missing, out of memory
+                records.append(dict(suite=self.name, label=cname, provider="tiled_attn", role="ours",
+                                    status=h.ERROR, error=f"{type(err).__name__}: {err}"[:300]))
+                continue
+            vocab = kw["vocab_size"]
+            gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+            ids = torch.randint(0, vocab, (1, max(prefill_ns)), generator=gen).to(device)
+            # proof: which attention kernels each model's forward launches
+            with torch.no_grad():
+                k_ours = _kernels(lambda: ours(input_ids=ids[:, :prefill_ns[0]], use_cache=False))
+                k_theirs = _kernels(lambda: theirs(input_ids=ids[:, :prefill_ns[0]], use_cache=False))
+            ours_names, leaked = _which(k_ours)
+            ran = bool(ours_names) and not leaked
+            theirs_ours, theirs_sdpa = _which(k_theirs)
+            proof = dict(ours_kernels=ours_names, sdpa_kernels_in_ours=leaked,
+                         sdpa_model_kernels=theirs_sdpa, sdpa_model_ran_ours=bool(theirs_ours))
+            if not ran or theirs_ours:
+                records.append(dict(suite=self.name, label=f"{cname} proof", provider="tiled_attn",
+                                    role="ours", status=h.FAILED, error=f"kernels: {proof}"))
+            for n in prefill_ns:
+                x = ids[:, :n]
+
+                def fwd(m, x=x):
+                    with torch.no_grad():
+                        return m(input_ids=x, use_cache=False, logits_to_keep=1)
+                t = _pair({"tiled_attn": lambda: fwd(ours), "sdpa": lambda: fwd(theirs)}, repeats, device)
+                label = f"{cname} prefill N={n} (ms)"
+                records.append(_record(label, "sdpa", "baseline", t["sdpa"] * 1e3, False))
+                records.append(_record(label, "tiled_attn", "ours", t["tiled_attn"] * 1e3, False,
+                                       t["sdpa"] / t["tiled_attn"], ours_ran=ran, **proof))
+            for b in batches:
+                p = torch.randint(0, vocab, (b, prompt), generator=gen).to(device)
+
+                def generate(m, p=p):
+                    with torch.no_grad():
+                        return m.generate(input_ids=p, attention_mask=torch.ones_like(p), do_sample=False,
+                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+                t = _pair({"tiled_attn": lambda: generate(ours), "sdpa": lambda: generate(theirs)},
+                          max(2, repeats - 2), device)
+                label = f"{cname} decode batch {b} (tokens/s)"
+                rate = {k: b * new_tokens / v for k, v in t.items()}
+                records.append(_record(label, "sdpa", "baseline", rate["sdpa"], True))
+                records.append(_record(label, "tiled_attn", "ours", rate["tiled_attn"], True,
+                                       rate["tiled_attn"] / rate["sdpa"]))
+            x = ids[:, :min(train_n, ids.shape[1])] if ids.shape[1] >= train_n else \
+                torch.randint(0, vocab, (1, train_n), generator=gen).to(device)
+
+            def step(m, x=x):
+                m.train()
+                m.zero_grad(set_to_none=True)
+                m(input_ids=x, labels=x).loss.backward()
+                m.eval()
+            k_train = _kernels(lambda: step(ours))
+            train_ours, _ = _which(k_train)
+            t = _pair({"tiled_attn": lambda: step(ours), "sdpa": lambda: step(theirs)}, max(2, repeats - 2), device)
+            label = f"{cname} training step N={x.shape[1]} (ms)"
+            records.append(_record(label, "sdpa", "baseline", t["sdpa"] * 1e3, False))
+            records.append(_record(label, "tiled_attn", "ours", t["tiled_attn"] * 1e3, False,
+                                   t["sdpa"] / t["tiled_attn"], ours_ran=bool(train_ours),
+                                   falls_back=not train_ours,
+                                   note="" if train_ours else "no attention backward yet: torch's SDPA ran"))
+            ours.zero_grad(set_to_none=True)
+            theirs.zero_grad(set_to_none=True)
+            del ours, theirs
+            torch.cuda.empty_cache()
+        records += self._gpt(cfg, device, dtype, repeats)
+        return {"name": self.name, "title": self.title, "device": self.device, "unit": "ms or tokens/s",
+                "ceiling": None, "convention": "see the suite notes", "notes": __doc__.split("\n\n")[1].replace("\n", " "),
+                "baselines": [], "plot": {}, "elapsed_s": time.perf_counter() - t0, "capped": False,
+                "device_lost": "", "records": records, "markdown": _markdown(records)}
+
+    def _gpt(self, cfg, device, dtype, repeats):
+        root = Path(__file__).resolve().parents[1] / "examples"
+        sys.path.insert(0, str(root))
+        try:
+            import gpt
+        finally:
+            sys.path.remove(str(root))
+        sizes = (32000, 1024, 8, 16, 4) if device.type == "cuda" else (512, 128, 2, 4, 2)
+        torch.manual_seed(0)
+        ours = gpt.GPT(*sizes).to(device, dtype).eval()
+        theirs = gpt.GPT(*sizes, attention_cls=gpt.TorchSDPAAttention).to(device, dtype).eval()
+        theirs.load_state_dict(ours.state_dict())
+        tokens = torch.randint(0, sizes[0], (8, 2048) if device.type == "cuda" else (2, 64), device=device)
+
+        def fwd(m):
+            with torch.inference_mode():
+                return m(tokens)
+        t = _pair({"tiled_attn": lambda: fwd(ours), "sdpa": lambda: fwd(theirs)}, repeats, device)
+        label = "examples/gpt.py GPT forward (tokens/s)"
+        rate = {k: tokens.numel() / v for k, v in t.items()}
+        return [_record(label, "sdpa", "baseline", rate["sdpa"], True),
+                _record(label, "tiled_attn", "ours", rate["tiled_attn"], True, rate["tiled_attn"] / rate["sdpa"])]
+
+
+def _markdown(records) -> list[str]:
+    lines = ["| measurement | tiled_attn | sdpa | tiled_attn / sdpa (speed-up) | our kernels ran |",
+             "|---|---|---|---|---|"]
+    base = {r["label"]: r for r in records if r.get("role") == "baseline"}
+    for r in records:
+        if r.get("role") != "ours":
+            continue
+        if r["status"] != h.OK:
+            lines.append(f"| {r['label']} | {r['status']}: {r.get('error', '')[:200]} | | | |")
+            continue
+        b = base[r["label"]]
+        ran = r.get("ours_ran")
+        lines.append(f"| {r['label']} | {r['value']:.4g} | {b['value']:.4g} | {r['ratios']['sdpa']:.2f}× | "
+                     f"{'' if ran is None else 'yes' if ran else 'no: ' + r.get('note', 'torch SDPA ran')} |")
+    return lines
+
