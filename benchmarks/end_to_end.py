@@ -50,12 +50,18 @@ def _models(cfg_kw: dict, device, dtype):
     return ours, base
 
 
-def _kernels(fn) -> list[str]:
-    """The CUDA kernel names one call of fn launches (torch.profiler)."""
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _kernels(fn, device) -> list[str]:
+    """The kernel (CUDA) or op (CPU) names one call of fn launches (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         fn()
-        torch.cuda.synchronize()
+        _sync(device)
     return sorted({e.key for e in prof.key_averages()})
 
 
@@ -66,10 +72,10 @@ def _which(names: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _timed(fn, device) -> float:
-    torch.cuda.synchronize(device)
+    _sync(device)
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize(device)
+    _sync(device)
     return time.perf_counter() - t0
 
 
@@ -126,8 +132,8 @@ class E2ESuite:
             ids = torch.randint(0, vocab, (1, max(prefill_ns)), generator=gen).to(device)
             # proof: which attention kernels each model's forward launches
             with torch.no_grad():
-                k_ours = _kernels(lambda: ours(input_ids=ids[:, :prefill_ns[0]], use_cache=False))
-                k_theirs = _kernels(lambda: theirs(input_ids=ids[:, :prefill_ns[0]], use_cache=False))
+                k_ours = _kernels(lambda: ours(input_ids=ids[:, :prefill_ns[0]], use_cache=False), device)
+                k_theirs = _kernels(lambda: theirs(input_ids=ids[:, :prefill_ns[0]], use_cache=False), device)
             ours_names, leaked = _which(k_ours)
             ran = bool(ours_names) and not leaked
             theirs_ours, theirs_sdpa = _which(k_theirs)
@@ -169,7 +175,7 @@ class E2ESuite:
                 m.zero_grad(set_to_none=True)
                 m(input_ids=x, labels=x).loss.backward()
                 m.eval()
-            k_train = _kernels(lambda: step(ours))
+            k_train = _kernels(lambda: step(ours), device)
             train_ours, _ = _which(k_train)
             t = _pair({"tiled_attn": lambda: step(ours), "sdpa": lambda: step(theirs)}, max(2, repeats - 2), device)
             label = f"{cname} training step N={x.shape[1]} (ms)"
@@ -181,7 +187,8 @@ class E2ESuite:
             ours.zero_grad(set_to_none=True)
             theirs.zero_grad(set_to_none=True)
             del ours, theirs
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         records += self._gpt(cfg, device, dtype, repeats)
         return {"name": self.name, "title": self.title, "device": self.device, "unit": "ms or tokens/s",
                 "ceiling": None, "convention": "see the suite notes", "notes": __doc__.split("\n\n")[1].replace("\n", " "),
