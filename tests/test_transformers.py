@@ -98,3 +98,21 @@ def test_decode_with_kv_cache_matches_sdpa(seed, kernel_calls):
 def test_importing_tiled_attn_does_not_import_transformers():
     code = "import sys, tiled_attn; assert 'transformers' not in sys.modules, 'imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_training_step_goes_the_sdpa_way(seed, kernel_calls):
+    """A call that needs a gradient (no attention backward of ours yet) runs transformers' own sdpa
+    forward: the same loss and gradients as the "sdpa" model, and none of our plans ran."""
+    ours, theirs, _ = _models(seed)
+    ids, _ = _inputs(seed)
+    losses, grads = [], []
+    for m in (ours, theirs):
+        m.train()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(m.model.layers[0].self_attn.q_proj.weight.grad)
+        m.eval()
+    assert kernel_calls == []
+    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)

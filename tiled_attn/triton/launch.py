@@ -88,7 +88,7 @@ class Launch:
     (default: every tensor); tensors the plan allocates itself are always aligned."""
 
     __slots__ = ("fn", "grid", "meta", "device", "_runtime", "_tail", "_compiled", "_checked",
-                 "_interpret", "_meta_key")
+                 "_interpret", "_meta_key", "ready")
 
     def __init__(self, fn, grid: tuple, meta: dict, device: torch.device, checked: tuple | None = None):
         self.fn, self.meta, self.device = fn, meta, device
@@ -96,6 +96,8 @@ class Launch:
         self._interpret = interpreted(fn)
         self._compiled: dict = {}
         self._checked = checked
+        # The handles of the all-aligned specialization once compiled (Bound's fast path).
+        self.ready: tuple | None = None
         self._runtime, self._tail = self._constexpr_tail(fn, meta)
         self._meta_key = tuple(sorted(meta.items()))
 
@@ -149,7 +151,7 @@ class Launch:
         shared_key = None if spec is None else (self.fn, self.device.index, self._meta_key, spec)
         handles = _SHARED.get(shared_key) if shared_key is not None else None
         if handles is not None:
-            self._compiled[key] = handles
+            self._keep(key, handles)
             self(*args)
             return
         # JIT dispatch: compiles (or finds in Triton's cache) the kernel for this specialization
@@ -163,6 +165,43 @@ class Launch:
         # scratch buffers (checked above) and no launch hooks.
         handles = (launcher.launch, kernel.function, kernel.packed_metadata,
                    launcher.launch_cooperative_grid, launcher.launch_pdl)
-        self._compiled[key] = handles
+        self._keep(key, handles)
         if shared_key is not None:
             _SHARED[shared_key] = handles
+
+    def _keep(self, key, handles) -> None:
+        self._compiled[key] = handles
+        if key is True:
+            self.ready = handles
+
+    def bind(self, *ints) -> "Bound":
+        """This launch with its trailing non-pointer arguments fixed: a call passes the pointers."""
+        return Bound(self, ints)
+
+
+class Bound:
+    """A Launch whose arguments after the leading tensors are fixed by the plan. `bound(*tensors)`
+    launches; once the all-aligned specialization is compiled it calls the launcher's module
+    function directly (one Python frame between a plan and the launch: the host time of a
+    small call is mostly such frames)."""
+
+    __slots__ = ("launch", "ints", "_args")
+
+    def __init__(self, launch: Launch, ints: tuple):
+        self.launch, self.ints = launch, ints
+        self._args = ints + launch._tail
+
+    def __call__(self, *tensors) -> None:
+        launch = self.launch
+        ready = launch.ready
+        index = launch.device.index
+        if ready is not None and _current_device() == index:
+            bits = 0
+            for t in tensors:
+                bits |= t.data_ptr()
+            if bits % _ALIGN == 0:
+                g = launch.grid
+                ready[0](g[0], g[1], g[2], _raw_stream(index), ready[1], ready[3], ready[4], None, None,
+                         ready[2], None, None, None, *tensors, *self._args)
+                return
+        launch(*tensors, *self.ints)

@@ -251,8 +251,7 @@ def _plan_row(x, out, cfg, device, arch):
         with _device_guard(device):
             per_sm = _programs_per_sm(softmax_row_kernel, (x, out, *ints), meta, device)
         blocks = min(blocks, math.ceil(waves * per_sm * _sm_count(device, arch)))
-    launch = Launch(softmax_row_kernel, (blocks,), meta, device)
-    return lambda x, out: launch(x, out, *ints)
+    return Launch(softmax_row_kernel, (blocks,), meta, device).bind(*ints)
 
 
 def _plan_online(x, out, cfg, device, arch):
@@ -263,8 +262,7 @@ def _plan_online(x, out, cfg, device, arch):
                 STAGES=cfg.get("STAGES", 1), **_hints(cfg, "KEEP", "LAST", "STORE"),
                 **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
-    launch = Launch(softmax_online_kernel, grid, meta, device)
-    return lambda x, out: launch(x, out, *ints)
+    return Launch(softmax_online_kernel, grid, meta, device).bind(*ints)
 
 
 def _forward_split(x, out, cfg, device, arch):
@@ -415,8 +413,7 @@ def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor):
         per_sm = (_programs_per_sm(softmax_backward_kernel, (y, dy, dx, *ints), meta, device) if one_tile
                   else cfg["PROGRAMS_PER_SM"])
     grid = (min(blocks, per_sm * _sm_count(device, arch)),)
-    launch = Launch(softmax_backward_kernel, grid, meta, device)
-    return lambda y, dy, dx: launch(y, dy, dx, *ints)
+    return Launch(softmax_backward_kernel, grid, meta, device).bind(*ints)
 
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
