@@ -23,7 +23,6 @@ import itertools
 import os
 
 import torch
-import triton
 
 from .. import _plan, configs
 from . import online
