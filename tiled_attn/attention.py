@@ -5,7 +5,7 @@ uses offset Nk − Nq (bottom-right, flash-attn ≥ 2.1); ta.scaled_dot_product_
 (torch's top-left `is_causal`).
 
 One call, eager on plain tensors (tiled_attn/_plan.py says when a call is that):
-    attention(q, k, v, ...)  →  _PLANS[signature]  (a miss: validate in full, then _make_plan)
+    attention(q, k, v, ...)  →  _PLANS[signature]  (a miss: _resolve validates in full, then plans)
                              →  AttentionPlan.forward(q, k, v): allocate out and lse, run the
                                 backend's launches (tiled_attn/triton/attention.py plan_forward,
                                 tiled_attn/cuda/attention.py plan_forward).
@@ -151,20 +151,23 @@ def _plan_for(q, k, v, scale, causal: bool, causal_offset: int, need_lse: bool, 
     except TypeError:  # an unhashable argument: validation names it
         key = plan = None
     if plan is None:
-        _checks.check_attention(q, k, v, scale, backend)
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-        plan = _PLANS.put(key, _make_plan(q, k, v, scale, causal, causal_offset, need_lse, backend))
+        scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend)
+        plan = _PLANS.put(key, AttentionPlan(q, k, v, scale, causal, causal_offset, backend))
     return plan
 
 
-def _make_plan(q, k, v, scale, causal, causal_offset, need_lse, backend) -> AttentionPlan:
+def _resolve(q, k, v, scale, causal, causal_offset: int, need_lse: bool, backend) -> tuple[float, str]:
+    """Validate (DESIGN §5) and pick what runs: (scale, backend). Loads the CUDA extension when
+    that backend is chosen (a plan is being made, or a traced call)."""
+    _checks.check_attention(q, k, v, scale, backend)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     backend = _backend_for(q, k, causal, causal_offset, need_lse, backend)
     if backend == "cuda":
         from . import cuda
         cuda.require_attention(q)
-    return AttentionPlan(q, k, v, scale, causal, causal_offset, backend)
+    return scale, backend
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,18 +230,11 @@ def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend):
     """Any call that is not eager on plain tensors: validate, then the op (Dynamo keeps it as one
     node; its fake implementation gives shapes), or torch's SDPA where that is backend=None's
     choice (the CPU)."""
-    _checks.check_attention(q, k, v, scale, backend)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend)
+    scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend)
     if backend == NATIVE:
         if k.shape[2] == 0:  # every row empty: output 0 (torch's SDPA is undefined there)
             return q.new_zeros(q.shape[:3] + v.shape[3:]), None
         return F.scaled_dot_product_attention(q, k, v, **_native_kwargs(q, k, scale, causal, causal_offset)), None
-    if backend == "cuda":
-        from . import cuda
-        cuda.require_attention(q)
     if _grad_needed(q, k, v):
         return _Attention.apply(q, k, v, scale, causal, causal_offset, backend)
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)

@@ -41,12 +41,10 @@ def lookup(table: dict, key: tuple, what: str) -> dict:
 
 
 class _Table(dict):
-    """A dict that counts its changes (`version`) and drops every cached plan when it changes: plans
-    (tiled_attn/_plan.py) are made from the rows as they were."""
-    version = 0
+    """A dict that drops every cached plan when it changes: plans (tiled_attn/_plan.py) are made
+    from the rows as they were."""
 
     def _changed(self):
-        self.version += 1
         from . import _plan
         _plan.clear_all()  # every cached plan was made from the tables as they were
 

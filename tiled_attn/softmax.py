@@ -9,7 +9,7 @@ dim=1 of a contiguous 3-D tensor) is copied once into that order first. The outp
 shape and `dim` only, which is what the fake (meta) implementation needs for torch.compile.
 
 One call, eager on a plain tensor (tiled_attn/_plan.py says when a call is that):
-    softmax(x, dim)  →  _PLANS[signature]  (a miss: _make_plan validates in full and plans)
+    softmax(x, dim)  →  _PLANS[signature]  (a miss: _resolve validates in full, then a plan is made)
                      →  SoftmaxPlan.forward(x): allocate the output, run the backend's launches.
 With autograd recording, the same plan runs inside `_Softmax`, a torch.autograd.Function whose
 backward runs a backward plan (dx = y·(dy − Σ dy·y)). Traced calls (torch.compile, make_fx, ...)
