@@ -209,21 +209,13 @@ def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> 
     return kernel
 
 
-def _kernel_ready(t: torch.Tensor, sizes) -> bool:
-    """16-byte chunks apply: contiguous last dim, aligned base, strides in multiples of 8 elements
-    on every dim that has more than one index."""
-    return _layout_ready(t, sizes) and t.data_ptr() % 16 == 0
-
-
 def _layout_ready(t: torch.Tensor, sizes) -> bool:
-    """The part of _kernel_ready a plan's signature decides (everything but the base address)."""
+    """The kernels' 16-byte chunks apply to this layout: contiguous last dim, strides in multiples
+    of 8 elements on every dim that has more than one index (the base address, which a plan's
+    signature does not fix, is checked per call: 16-byte aligned)."""
     if t.stride(-1) != 1:
         return False
     return all(n <= 1 or s % 8 == 0 for s, n in zip(t.stride()[:3], sizes))
-
-
-def _kernel_input(t: torch.Tensor) -> torch.Tensor:
-    return t if _kernel_ready(t, t.shape[:3]) else t.contiguous()
 
 
 def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,

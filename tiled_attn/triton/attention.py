@@ -192,14 +192,10 @@ def _flops(b: int, hq: int, n_q: int, n_k: int, d: int, causal: bool) -> float:
     return 4.0 * b * hq * n_q * n_k * d / (2 if causal else 1)
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    """Hopper TMA's rules for a (B, H, N, D) tensor descriptor: 16-byte aligned base and strides,
-    unit stride on D."""
-    return _tma_layout_ok(t) and t.data_ptr() % 16 == 0
-
-
 def _tma_layout_ok(t: torch.Tensor) -> bool:
-    """The part of _tma_ok a plan's signature decides (everything but the base address)."""
+    """Hopper TMA's rules for a (B, H, N, D) tensor descriptor that a plan's signature decides:
+    16-byte aligned strides, unit stride on D (the base address, 16-byte aligned too, is checked
+    per call)."""
     s = t.stride()
     es = t.element_size()
     return s[3] == 1 and (s[0] * es) % 16 == 0 and (s[1] * es) % 16 == 0 and (s[2] * es) % 16 == 0
