@@ -196,12 +196,7 @@ class E2ESuite:
                 "device_lost": "", "records": records, "markdown": _markdown(records)}
 
     def _gpt(self, cfg, device, dtype, repeats):
-        root = Path(__file__).resolve().parents[1] / "examples"
-        sys.path.insert(0, str(root))
-        try:
-            import gpt
-        finally:
-            sys.path.remove(str(root))
+        gpt = gpt_example()
         sizes = (32000, 1024, 8, 16, 4) if device.type == "cuda" else (512, 128, 2, 4, 2)
         torch.manual_seed(0)
         ours = gpt.GPT(*sizes).to(device, dtype).eval()
@@ -217,6 +212,17 @@ class E2ESuite:
         rate = {k: tokens.numel() / v for k, v in t.items()}
         return [_record(label, "sdpa", "baseline", rate["sdpa"], True),
                 _record(label, "tiled_attn", "ours", rate["tiled_attn"], True, rate["tiled_attn"] / rate["sdpa"])]
+
+
+def gpt_example():
+    """examples/gpt.py as a module (its GPT and TorchSDPAAttention, the SDPA baseline module)."""
+    root = Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(root))
+    try:
+        import gpt
+    finally:
+        sys.path.remove(str(root))
+    return gpt
 
 
 def _markdown(records) -> list[str]:

@@ -19,14 +19,7 @@ import torch.nn.functional as F
 import tiled_attn as ta
 
 from . import harness as h
-
-
-class _SDPAModule(ta.nn.Attention):
-    """ta.nn.Attention with torch's SDPA as the attention step (examples/gpt.py's baseline)."""
-
-    def _attend(self, q, k, v, grad_needed):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+from .end_to_end import gpt_example
 
 
 def _cases(device):
@@ -41,7 +34,8 @@ def _cases(device):
     q, k = rnd(1, 8, 128, 64), rnd(1, 8, 128, 64)          # prefill: B=1, H=8, N=128, D=64, causal
     qd, kd = rnd(1, 32, 1, 64), rnd(1, 8, 256, 64)         # decode: 32/8 heads, Nk=256
     mod = ta.nn.Attention(512, 8, 2, rope_theta=10000.0, device=device, dtype=bf16).eval()
-    base = _SDPAModule(512, 8, 2, rope_theta=10000.0, device=device, dtype=bf16).eval()
+    # the same module with torch's SDPA as its attention step: examples/gpt.py's baseline
+    base = gpt_example().TorchSDPAAttention(512, 8, 2, rope_theta=10000.0, device=device, dtype=bf16).eval()
     base.load_state_dict(mod.state_dict())
     xm = rnd(1, 64, 512)
     backends = ("default", "triton", "cuda")
