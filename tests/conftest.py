@@ -101,6 +101,22 @@ def kernel_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def backward_calls(monkeypatch):
+    """The backend of every attention backward that ran one of our plans, in order ("torch" is the
+    pure-PyTorch tiled backward; "triton"/"cuda" name the forward's backend, both run the Triton
+    backward kernels); a gradient computed by torch's own SDPA is not one."""
+    from tiled_attn.attention import AttentionBackwardPlan
+    calls, backward = [], AttentionBackwardPlan.backward
+
+    def counting(self, *args):
+        calls.append(self.backend)
+        return backward(self, *args)
+
+    monkeypatch.setattr(AttentionBackwardPlan, "backward", counting)
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     # Tests monkeypatch config tables, configs.arch and module constants that plans are made from:

@@ -10,12 +10,15 @@ One call, eager on plain tensors (tiled_attn/_plan.py says when a call is that):
                                 backend's launches (tiled_attn/triton/attention.py plan_forward,
                                 tiled_attn/cuda/attention.py plan_forward).
 scaled_dot_product_attention caches its own plan per signature too: which calls go to torch's SDPA
-(a tensor mask, dropout, a gradient, layouts only torch gives a meaning to) and, for the others,
-the attention plan of the 4-D (B, H, N, D) views. Traced calls (torch.compile, make_fx, ...) validate
-and go through the op `tiled_attn::attention_fwd` (torch.library.define + impl + register_fake),
-whose implementation runs the same plans. A gradient goes through `_Attention`, an
-autograd.Function outside the op: its backward raises NotImplementedError (no attention backward
-yet), so ta.scaled_dot_product_attention and ta.nn.Attention send calls that need one to torch.
+(a tensor mask, dropout, layouts only torch gives a meaning to) and, for the others, the attention
+plan of the 4-D (B, H, N, D) views. Traced calls (torch.compile, make_fx, ...) validate and go
+through the op `tiled_attn::attention_fwd` (torch.library.define + impl + register_fake), whose
+implementation runs the same plans.
+
+A call that needs a gradient goes through `_Attention`, an autograd.Function outside the ops
+(DESIGN §6). Its backward is planned like a forward: AttentionBackwardPlan per signature (the
+Triton backward kernels for backends "triton" and "cuda", reference.blockwise_attention_backward
+for "torch"), eager on plain tensors directly, traced through the op `tiled_attn::attention_bwd`.
 
 Backends fill preallocated outputs: `out` is laid out (B, Nq, H, D) in memory and returned as its
 (B, H, Nq, D) transpose, so a module's `out.transpose(1, 2).reshape(B, N, H*D)` is free; `lse` is a
@@ -48,8 +51,25 @@ def _alloc(q: torch.Tensor, v: torch.Tensor):
     b, h, nq, _ = q.shape
     dv = v.shape[-1]
     out = torch.empty_strided((b, h, nq, dv), (nq * h * dv, dv, h * dv, 1), dtype=q.dtype, device=q.device)
-    lse = torch.empty(b, h, nq, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, h, nq, dtype=_lse_dtype(q.dtype), device=q.device)
     return out, lse
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for float64 inputs (the torch backend; float64 gradcheck recomputes P
+    from it)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _grad_alloc(t: torch.Tensor) -> torch.Tensor:
+    """The gradient of q, k or v: t's own layout where t is dense, else (B, N, H, D) memory like
+    the forward's output (a head-split view of a packed projection: its gradient then reshapes
+    back to (B, N, H·D) as a view)."""
+    g = torch.empty_like(t)  # keeps t's strides exactly when t is dense and non-overlapping
+    if g.stride() == t.stride():
+        return g
+    b, h, n, d = t.shape
+    return torch.empty_strided((b, h, n, d), (n * h * d, d, h * d, 1), dtype=t.dtype, device=t.device)
 
 
 def _effective_offset(causal: bool, offset: int, nq: int, nk: int) -> tuple[bool, int]:
@@ -101,7 +121,7 @@ class AttentionPlan:
         if self.native_kw is not None:
             return F.scaled_dot_product_attention(q, k, v, **self.native_kw), None
         out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
-        lse = torch.empty_strided(self.lse_size, self.lse_stride, dtype=torch.float32, device=self.device)
+        lse = torch.empty_strided(self.lse_size, self.lse_stride, dtype=_lse_dtype(self.dtype), device=self.device)
         if _checks.POISON_OUTPUTS:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
@@ -209,24 +229,128 @@ def _forward(q, k, v, scale, causal, causal_offset, backend):
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)
 
 
+# ------------------------------------------------------------------------------------------------
+# the backward: a plan per signature, the op (for tracing), the autograd.Function
+# ------------------------------------------------------------------------------------------------
+class AttentionBackwardPlan:
+    """A signature's backward: (dq, dk, dv) from q, k, v, the forward's out and lse, the output's
+    gradient and (has_dlse) lse's. Backends "triton" and "cuda" run the Triton backward kernels
+    (tiled_attn/triton/attention_backward.py), "torch" the tiled PyTorch one
+    (reference.blockwise_attention_backward). Deterministic either way: no atomics."""
+
+    __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts")
+
+    def __init__(self, q, k, v, out, grad_out, scale: float, causal: bool, causal_offset: int,
+                 has_dlse: bool, backend: str):
+        self.backend, self.scale, self.causal, self.offset = backend, scale, causal, causal_offset
+        grads = [_grad_alloc(t) for t in (q, k, v)]
+        self.layouts = [(g.shape, g.stride()) for g in grads]
+        # No query rows or no keys: nothing flows (every gradient is zero).
+        self.empty = q.numel() == 0 or k.numel() == 0
+        self.run = None
+        if self.empty or backend == "torch":
+            return
+        if backend not in ("triton", "cuda"):
+            raise AssertionError(backend)
+        from .triton import attention_backward as triton_backward
+        self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
+                                                 causal_offset, has_dlse)
+
+    def backward(self, q, k, v, out, lse, grad_out, grad_lse):
+        dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+                      for (size, stride), t in zip(self.layouts, (q, k, v)))
+        if self.empty:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        if self.run is None:  # the torch backend
+            grads = reference.blockwise_attention_backward(q, k, v, out, lse, grad_out, grad_lse,
+                                                           self.causal, self.scale, self.offset)
+            for g, r in zip((dq, dk, dv), grads):
+                g.copy_(r)
+            return dq, dk, dv
+        if _checks.POISON_OUTPUTS:
+            for g in (dq, dk, dv):
+                g.fill_(float("nan"))
+        self.run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)
+        return dq, dk, dv
+
+
+_BACKWARD_PLANS = _plan.PlanCache("attention backward")
+
+
+def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend):
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), grad_out.stride(),
+           None if grad_lse is None else grad_lse.stride(), q.dtype, q.device, scale, causal,
+           causal_offset, backend)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is None:
+        plan = _BACKWARD_PLANS.put(key, AttentionBackwardPlan(q, k, v, out, grad_out, scale, causal,
+                                                              causal_offset, grad_lse is not None, backend))
+    return plan
+
+
+def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+    # Autograd hands what the graph made: a gradient of another dtype (autocast, a float32 loss)
+    # or an lse gradient with any layout. The kernels read dO through its strides (an expanded
+    # gradient, stride 0, is read in place) and dlse as a contiguous float32 (B, H, Nq).
+    if grad_out.dtype != q.dtype:
+        grad_out = grad_out.to(q.dtype)
+    if grad_lse is not None:
+        grad_lse = grad_lse.to(lse.dtype).contiguous()
+    return _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset,
+                          backend).backward(q, k, v, out, lse, grad_out, grad_lse)
+
+
+torch.library.define("tiled_attn::attention_bwd",
+                     "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                     "Tensor? grad_lse, float scale, bool causal, int causal_offset, str backend) "
+                     "-> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl("tiled_attn::attention_bwd", "CompositeExplicitAutograd")
+def _attention_bwd_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+    return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
+
+
+@torch.library.register_fake("tiled_attn::attention_bwd")
+def _(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+    return _grad_alloc(q), _grad_alloc(k), _grad_alloc(v)
+
+
+_attention_bwd_op = torch.ops.tiled_attn.attention_bwd.default
+
+
+def _backward(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+    if (_plain(q, k, v) and type(grad_out) is _Tensor and type(out) is _Tensor
+            and (grad_lse is None or type(grad_lse) is _Tensor)):
+        return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
+    return _attention_bwd_op(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
+
+
 class _Attention(torch.autograd.Function):
-    """The forward with autograd recording; no backward yet."""
+    """The forward with autograd recording; the backward is the tiled one (P recomputed from the
+    saved lse). `lse_grad`: lse is returned to the caller (return_lse), so its gradient flows too;
+    otherwise it is marked non-differentiable and its (zero) gradient is never read.
+    `deterministic` is accepted for the API (DESIGN §3): every backward here is deterministic."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_offset, backend):
+    def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic):
         out, lse = _forward(q, k, v, scale, causal, causal_offset, backend)
-        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, backend
+        ctx.lse_grad = lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        raise NotImplementedError(
-            "tiled_attn.attention has a forward pass only: backward is not implemented yet. For "
-            "training, call torch.nn.functional.scaled_dot_product_attention (or "
-            "ta.scaled_dot_product_attention, which routes to it when a gradient is needed).")
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
+                               ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
-def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend):
+def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend, deterministic=False):
     """Any call that is not eager on plain tensors: validate, then the op (Dynamo keeps it as one
     node; its fake implementation gives shapes), or torch's SDPA where that is backend=None's
     choice (the CPU)."""
@@ -236,12 +360,13 @@ def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend):
             return q.new_zeros(q.shape[:3] + v.shape[3:]), None
         return F.scaled_dot_product_attention(q, k, v, **_native_kwargs(q, k, scale, causal, causal_offset)), None
     if _grad_needed(q, k, v):
-        return _Attention.apply(q, k, v, scale, causal, causal_offset, backend)
+        return _Attention.apply(q, k, v, scale, causal, causal_offset, backend, need_lse, deterministic)
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, return_lse: bool = False, backend: str | None = None):
+              scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
+              backend: str | None = None):
     """softmax(q kᵀ · scale) v, blocked, with the online softmax fused into the key loop.
 
     Args:
@@ -255,9 +380,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            own SDPA where it computes the same, else "torch"), "triton", "cuda", "torch"
            (blockwise online attention in PyTorch: the reference).
 
-    Forward only: a backward through it raises NotImplementedError (on the CPU's native path,
-    torch's SDPA, autograd works).
+        deterministic: gradients bitwise-identical from run to run. Every backward of ours is
+           (dQ is its own pass, never atomics), so this changes nothing today; it is accepted for
+           flash-attn's API and checked to be a bool.
+
+    Differentiable with respect to q, k and v (and through lse when return_lse=True): the tiled
+    backward recomputes P from q, k and the saved lse, never an N×N tensor; dK/dV are summed over
+    each GQA group inside the kernels. Backends "triton" and "cuda" run the Triton backward
+    kernels (the CUDA backend has none of its own), "torch" the PyTorch one; on the CPU's native
+    path (torch's SDPA) torch's autograd does it.
     """
+    if deterministic is not False and deterministic is not True:
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     try:
         offset = k.shape[2] - q.shape[2]
     except (AttributeError, IndexError, TypeError):
@@ -267,9 +401,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if plan.native_kw is not None or not _grad_needed(q, k, v):
             out, lse = plan.forward(q, k, v)
         else:
-            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend)
+            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend, return_lse,
+                                        deterministic)
     else:
-        out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend)
+        out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend, deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -282,8 +417,6 @@ def _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) -> str | None:
         return "attn_mask"
     if dropout_p:
         return "dropout_p > 0"
-    if _grad_needed(query, key, value):
-        return "a gradient is needed (tiled_attn has no attention backward yet)"
     if value.shape[-1] != query.shape[-1] or query.shape[-1] > _checks.MAX_HEAD_DIM:
         return "head dims our kernels do not cover"
     if query.dtype not in _checks.KERNEL_DTYPES:
@@ -327,10 +460,12 @@ class _SdpaPlan:
     """One signature of ta.scaled_dot_product_attention on plain tensors without a mask: torch's
     SDPA (`attention` None) or ours on the (B, H, N, D) views (`attention`: their plan)."""
 
-    __slots__ = ("attention", "shape4", "out_shape")
+    __slots__ = ("attention", "shape4", "out_shape", "causal", "grad")
 
-    def __init__(self, query, key, value, is_causal, scale, enable_gqa):
+    def __init__(self, query, key, value, is_causal, scale, enable_gqa, grad: bool):
         self.attention = self.shape4 = self.out_shape = None
+        self.causal = bool(is_causal)
+        self.grad = grad
         if _torch_layout(query, key, value, enable_gqa) or _needs_torch_sdpa(query, key, value, None, 0.0):
             return
         batch = query.shape[:-3]
@@ -345,8 +480,12 @@ class _SdpaPlan:
     def forward(self, query, key, value):
         if self.shape4 is not None:
             query, key, value = (t.reshape(s) for t, s in zip((query, key, value), self.shape4))
-            return self.attention.forward(query, key, value)[0].reshape(self.out_shape)
-        return self.attention.forward(query, key, value)[0]
+        plan = self.attention
+        if self.grad and plan.native_kw is None:
+            out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan.backend, False, False)[0]
+        else:
+            out = plan.forward(query, key, value)[0]
+        return out if self.shape4 is None else out.reshape(self.out_shape)
 
 
 _SDPA_PLANS = _plan.PlanCache("sdpa")
@@ -362,11 +501,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     broadcasts it).
 
     Calls with anything our kernels do not cover go to torch's own SDPA, so the result always has
-    torch's meaning: a tensor `attn_mask`, `dropout_p > 0`, inputs that require grad while grad
-    is enabled (we have no backward yet), a value head dim different from the query's, a head
-    dim over 256, float64, and shapes that only torch's broadcasting gives a meaning to (fewer
+    torch's meaning: a tensor `attn_mask`, `dropout_p > 0`, a value head dim different from the
+    query's, a head dim over 256, float64, and shapes that only torch's broadcasting gives a meaning to (fewer
     than 3 dims, leading dims of different sizes, a query with one head against several).
     On the CPU, ours is torch's SDPA too (backend=None's choice there, see ta.attention).
+    Inputs that require grad run our forward and backward kernels (ta.attention's autograd).
     """
     if attn_mask is None and not dropout_p and _plain(query, key, value):
         grad = _grad_needed(query, key, value)
@@ -379,7 +518,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             sig = plan = None
         if plan is None:
             _check_sdpa(query, key, value, None, is_causal, enable_gqa)
-            plan = _SDPA_PLANS.put(sig, _SdpaPlan(query, key, value, is_causal, scale, enable_gqa))
+            plan = _SDPA_PLANS.put(sig, _SdpaPlan(query, key, value, is_causal, scale, enable_gqa, grad))
         if plan.attention is not None:
             return plan.forward(query, key, value)
         return _torch_sdpa(query, key, value, None, dropout_p, is_causal, scale, enable_gqa)

@@ -29,6 +29,8 @@ __all__ = [
     "attention",
     "blockwise_attention",
     "merge_attention_partials",
+    "attention_probs",
+    "blockwise_attention_backward",
 ]
 
 NEG_INF = float("-inf")
@@ -86,6 +88,13 @@ def merge_states(a: OnlineState, b: OnlineState) -> OnlineState:
 def finalize(x: torch.Tensor, state: OnlineState) -> torch.Tensor:
     """y = exp(x − m) / l. A row of only -inf gives 0/0 = NaN, as torch.softmax does."""
     return torch.exp(x - _finite_or_zero(state.m)) / state.l
+
+
+def attention_probs(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """finalize from a finished state: p = exp(s − m)/l = exp(s − lse) with lse = m + log l (the
+    attention backward recomputes P this way from the forward's saved lse). A row that saw no key
+    (lse = −inf) gives p = 0, not exp(s + inf)."""
+    return torch.exp(s - torch.where(lse == NEG_INF, torch.full_like(lse, math.inf), lse)[..., None])
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -206,7 +215,7 @@ def _finalize_attention(acc, state: OnlineState, dtype):
     empty = state.l == 0  # fully masked row (or no keys): output 0, lse -inf
     out = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, torch.ones_like(state.l), state.l))
     lse = torch.where(empty, torch.full_like(state.m, NEG_INF), state.m + torch.log(state.l))
-    return out.to(dtype), lse.squeeze(-1).float()
+    return out.to(dtype), lse.squeeze(-1).to(_acc_dtype(dtype))
 
 
 def merge_attention_partials(parts):
@@ -239,3 +248,51 @@ def blockwise_attention(q, k, v, causal: bool = False, scale: float | None = Non
              for i in range(num_splits)]
     out, lse = _finalize_attention(*merge_attention_partials(parts), q.dtype)
     return (out, lse) if return_lse else out
+
+
+def _sum_group(x: torch.Tensor, hkv: int) -> torch.Tensor:
+    """(B, Hq, ...) -> (B, Hkv, ...): the sum over each key/value head's group of query heads."""
+    b, hq = x.shape[:2]
+    return x.reshape(b, hkv, hq // hkv, *x.shape[2:]).sum(2) if hq != hkv else x
+
+
+def blockwise_attention_backward(q, k, v, out, lse, grad_out, grad_lse=None, causal: bool = False,
+                                 scale: float | None = None, causal_offset: int | None = None,
+                                 block_n: int = 512):
+    """The torch backend's attention backward, the tiled algorithm of the kernels: (dq, dk, dv).
+
+    delta = rowsum(dO·O) − dlse first; then per key block P = exp(s − lse) is recomputed from q, k
+    and the forward's lse (never the full scores), dV += Pᵀ·dO, dS = P·(dO·Vᵀ − delta),
+    dQ += dS·K·scale, dK += dSᵀ·Q·scale, with dK/dV summed over each GQA group. (A gradient of lse
+    adds P·dlse to dS: d lse_i / d s_ij = P_ij, hence the − dlse in delta.) Accumulates in float32
+    (float64 for float64); the gradients come back in the inputs' dtypes.
+    """
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    b, hq, nq, _ = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    offset = nk - nq if causal_offset is None else causal_offset
+    acc_t = _acc_dtype(q.dtype)
+    qa, doa = q.to(acc_t), grad_out.to(acc_t)
+    delta = (doa * out.to(acc_t)).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(acc_t)
+    lse_a = lse.to(acc_t)
+    dq = torch.zeros(b, hq, nq, d, dtype=acc_t, device=q.device)
+    dk = torch.zeros(b, hkv, nk, d, dtype=acc_t, device=q.device)
+    dv = torch.zeros(b, hkv, nk, v.shape[-1], dtype=acc_t, device=q.device)
+    rows = torch.arange(nq, device=q.device)[:, None]
+    for start in range(0, nk, block_n):
+        stop = min(start + block_n, nk)
+        kb = _expand_kv(k[:, :, start:stop].to(acc_t), hq)
+        vb = _expand_kv(v[:, :, start:stop].to(acc_t), hq)
+        s = torch.matmul(qa, kb.transpose(-1, -2)) * scale
+        if causal:
+            cols = torch.arange(start, stop, device=q.device)[None, :]
+            s = s.masked_fill(cols > rows + offset, NEG_INF)
+        p = attention_probs(s, lse_a)
+        ds = p * (torch.matmul(doa, vb.transpose(-1, -2)) - delta[..., None])
+        dv[:, :, start:stop] = _sum_group(torch.matmul(p.transpose(-1, -2), doa), hkv)
+        dk[:, :, start:stop] = _sum_group(torch.matmul(ds.transpose(-1, -2), qa), hkv) * scale
+        dq += torch.matmul(ds, kb) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

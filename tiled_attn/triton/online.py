@@ -175,6 +175,15 @@ def attention_out(acc, l, ACCURATE: tl.constexpr = False):
 
 
 @triton.jit
+def probs(x, lse, scale):
+    """The finalize of a finished state, as the attention backward recomputes P: p = exp(x − m)/l
+    = exp(x − lse) with lse = m + log l, here exp2(x·scale − lse) as one FMA (lse in the units of
+    x·scale, shaped to broadcast against x). A row that saw no key (lse = −inf) gives p = 0."""
+    shift = tl.where(lse == float("-inf"), float("inf"), lse)
+    return tl.math.exp2(tl.math.fma(x, scale, -shift))
+
+
+@triton.jit
 def lse(m, l, scale, ACCURATE: tl.constexpr = False):
     """Natural-log sum of exp of the scaled scores: (m·scale + log2 l)·ln2; -inf where l = 0.
 
