@@ -8,7 +8,7 @@
 Both models share one set of weights: the torch one differs only in its attention step
 (`_attend`, overridden to call torch.nn.functional.scaled_dot_product_attention). The script prints
 the largest logit difference between the two, then tokens/s for each (inference, no grad: the
-tiled_attn forward kernels run; with gradients ta.nn.Attention uses torch's SDPA anyway).
+tiled_attn forward kernels run; in training ta.nn.Attention runs our forward and backward).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tiled_attn as ta
 class TorchSDPAAttention(ta.nn.Attention):
     """ta.nn.Attention with torch's SDPA as the attention step: the baseline."""
 
-    def _attend(self, q, k, v, grad_needed):
+    def _attend(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                               enable_gqa=k.shape[1] != q.shape[1])
 

@@ -535,23 +535,24 @@ TRITON_ATTENTION: dict = _Table({
 # BLOCK_M query rows per step) or "dq" (a program per query tile, BLOCK_M rows resident with dQ,
 # BLOCK_N keys per step); dtype "*" matches fp16 and bf16 (float32 has its own rows: the ieee dot
 # runs on the FMA units and holds more per element); lookup exact arch, then "any".
-# The "any" rows are reasoned starting points (the Triton tutorial's 32x128 / 128x32 split between
-# the two kernels at 4 warps for D <= 64; 8 warps where two [BLOCK_N, D] float32 accumulators
-# would otherwise pass ~200 registers a thread), each checked to compile for sm_90a without spills
-# and within shared memory by tests/test_attention_backward.py::test_backward_compiles_for_sm90a.
+# The "any" rows are the largest tiles that build for sm_90a with no register spill in either causal
+# mode (ptxas -v, 2026-11-24; the Triton tutorial's 32x128 dK/dV tile at 4 warps spills 200-400
+# bytes here): dK/dV 32x128 at 8 warps for D <= 64, 16x128 at D <= 128, 32x32 at D = 256; dQ
+# 128x32 (4 warps, 8 at D = 128), 64x32 at D = 256. tests/test_attention_backward_sm90.py re-checks
+# every row; benchmarks/tune_triton_attention_backward.py times the candidates on the GPU.
 # "cpu" rows: the interpreter's (several tiles at the tests' small shapes).
 # ---------------------------------------------------------------------------------------------
 TRITON_ATTENTION_BACKWARD: dict = _Table({
-    ("dkdv", "any", "*", "d64"): {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4},
+    ("dkdv", "any", "*", "d64"): {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
     ("dq", "any", "*", "d64"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4},
-    ("dkdv", "any", "*", "d128"): {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+    ("dkdv", "any", "*", "d128"): {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
     ("dq", "any", "*", "d128"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    ("dkdv", "any", "*", "d256"): {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ("dkdv", "any", "*", "d256"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
     ("dq", "any", "*", "d256"): {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
     ("dkdv", "any", "fp32", "d64"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     ("dq", "any", "fp32", "d64"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
     ("dkdv", "any", "fp32", "d128"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1},
-    ("dq", "any", "fp32", "d128"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
+    ("dq", "any", "fp32", "d128"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
     ("dkdv", "any", "fp32", "d256"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
     ("dq", "any", "fp32", "d256"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
     ("dkdv", "cpu", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1},

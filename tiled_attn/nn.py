@@ -6,7 +6,7 @@ from einops import rearrange
 from torch import nn
 
 from . import _checks
-from .attention import attention, scaled_dot_product_attention
+from .attention import attention
 
 __all__ = ["Attention", "rotary_tables", "apply_rotary"]
 
@@ -50,11 +50,8 @@ class Attention(nn.Module):
         return out_proj(o)                      H·D -> embed_dim
     with H = num_heads, Hkv = num_kv_heads (default H), D = embed_dim / H.
 
-    Training: our attention kernels have a forward only. When autograd is recording (grad mode on
-    and x or any parameter requires grad) the attention step runs through
-    `ta.scaled_dot_product_attention`, which sends such calls to torch's own SDPA (same math, with a
-    backward), so the module trains like any torch module; under `torch.no_grad()` /
-    `torch.inference_mode()` or with frozen parameters it runs our kernels.
+    Training: the attention step is ta.attention forward and backward (the tiled backward of our
+    kernels), in grad mode as under `torch.no_grad()` / `torch.inference_mode()`.
 
     Args:
         embed_dim: model width E; a multiple of num_heads with head dim E/num_heads <= 256.
@@ -123,9 +120,6 @@ class Attention(nn.Module):
             self._rope_cache[key] = cached
         return cached[0][:n], cached[1][:n]
 
-    def _grad_needed(self, x: torch.Tensor) -> bool:
-        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _checks.check_tensor("x", x, ndim=3, layout_hint="(B, N, embed_dim)")
         if x.shape[-1] != self.embed_dim:
@@ -140,15 +134,11 @@ class Attention(nn.Module):
         if self.rope_theta is not None:
             cos, sin = self._rotary(x.shape[1], q.dtype, q.device)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = self._attend(q, k, v, self._grad_needed(x))
+        o = self._attend(q, k, v)
         # Our output is (B, N, H, D) in memory, so this rearrange is a view.
         return self.out_proj(rearrange(o, "b h n d -> b n (h d)"))
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_needed: bool):
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """(B, H, N, D) q and (B, Hkv, N, D) k, v -> (B, H, N, D). A subclass may swap the
         attention step alone (examples/gpt.py times torch's SDPA this way)."""
-        if grad_needed:
-            # Nq == Nk, so torch's top-left is_causal is the same mask as our bottom-right one.
-            return scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                                enable_gqa=k.shape[1] != q.shape[1])
         return attention(q, k, v, causal=self.causal, backend=self.backend)

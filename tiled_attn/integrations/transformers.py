@@ -37,16 +37,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     `module.is_causal`, and only for Nq > 1 with no mask (then Nq == Nk or the keys past Nq are the
     empty tail of a static cache, which is dropped, so top-left and bottom-right alignment agree).
     What only transformers' own SDPA path knows how to do (a position-bias mask, a paged cache,
-    softcapping), and a call that needs a gradient (we have no attention backward yet), is handed to
-    it unchanged: the same kernels "sdpa" runs.
+    softcapping) is handed to it unchanged: the same kernels "sdpa" runs. A call that needs a
+    gradient (training) runs our forward and backward kernels.
     """
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("tiled_attn has no attention sinks (s_aux): use "
                                   "attn_implementation='eager' for this model")
-    if (any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap"))
-            or torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)):
-        # Training (no attention backward of ours yet) goes exactly the way "sdpa" goes: its own
-        # forward picks its GQA handling (repeated k/v heads or enable_gqa) and so torch's backend.
+    if any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap")):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)

@@ -1,0 +1,153 @@
+"""Sweep tile configs of the Triton attention backward on this GPU; print rows for configs.py.
+
+    PYTHONPATH=. python benchmarks/tune_triton_attention_backward.py [--out FILE] [--jobs 12]
+
+For D in {64, 128} and causal on/off (bf16, B·N = 16k tokens, H·D = 2048, N = 4096: the middle of
+the `attention_backward` suite's grid), every candidate row of the dK/dV kernel is installed in
+configs.TRITON_ATTENTION_BACKWARD under this GPU's arch and the whole backward (delta, dK/dV, dQ:
+the launches that ship, through AttentionBackwardPlan) is timed with the dQ row fixed at the
+table's; then the dQ candidates with the best dK/dV row. The kernels are independent, so the two
+passes find the best pair. A candidate's gradients must first match the shipped ones (a few bf16
+ulps: garbage fails). Every candidate builds for sm_90a without register spills
+(tests/test_attention_backward_sm90.py, -m slow).
+
+Timing: triton.testing.do_bench (its L2 flush between calls), median ms; TFLOP/s counts the
+backward as 2.5x the forward's 4·B·H·N²·D, halved when causal. Worker processes first run every
+candidate once (--jobs), filling Triton's disk cache, so the timing pass only loads binaries.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tiled_attn as ta  # noqa: E402
+from tiled_attn import configs  # noqa: E402
+from tiled_attn.triton.attention import d_class  # noqa: E402
+
+TOKENS, HIDDEN, N = 16384, 2048, 4096
+
+
+def _row(bm, bn, w, s):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+
+
+# (BLOCK_M, BLOCK_N, warps, stages), each building for sm_90a with no register spill in both causal
+# modes (ptxas, 2026-11-24). dK/dV keeps BLOCK_N keys on chip with two [BLOCK_N, D] float32
+# accumulators: 128 keys spill at 4 warps, 64x64 tiles spill at D >= 64, and the causal variant
+# takes ~100 more registers than the plain one (its masked band is a second copy of the loop).
+CANDIDATES = {
+    ("dkdv", "d64"): [_row(32, 128, 8, 3), _row(16, 128, 8, 3), _row(16, 64, 4, 3)],
+    ("dkdv", "d128"): [_row(16, 128, 8, 3), _row(16, 128, 8, 2), _row(16, 64, 8, 3)],
+    ("dq", "d64"): [_row(128, 32, 4, 4), _row(128, 64, 8, 3), _row(64, 64, 4, 3), _row(64, 32, 4, 4),
+                    _row(128, 32, 8, 3), _row(64, 64, 4, 4)],
+    ("dq", "d128"): [_row(128, 32, 8, 3), _row(64, 32, 4, 3), _row(128, 64, 8, 2), _row(64, 64, 8, 3)],
+}
+HEAD_DIMS = {"d64": 64, "d128": 128}
+
+
+def all_candidates():
+    """(kernel, D, row) of every candidate (tests/test_attention_backward_sm90.py builds them)."""
+    return [(k, HEAD_DIMS[dc], row) for (k, dc), rows in CANDIDATES.items() for row in rows]
+
+
+def install(kernel: str, d: int, row: dict, arch: str) -> None:
+    configs.TRITON_ATTENTION_BACKWARD[(kernel, arch, "*", d_class(d))] = dict(row)
+
+
+def inputs(d: int, causal: bool, device, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    b, h = TOKENS // N, HIDDEN // d
+    q, k, v = (torch.randn(b, h, N, d, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    out = ta.attention(q, k, v, causal=causal, backend="triton")
+    dout = torch.randn(out.shape, device=device, dtype=out.dtype, generator=g)
+    return q, k, v, out, dout
+
+
+def backward(q, k, v, out, dout):
+    return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def tflops(d: int, causal: bool, ms: float) -> float:
+    b, h = TOKENS // N, HIDDEN // d
+    flops = 2.5 * 4.0 * b * h * N * N * d / (2 if causal else 1)
+    return flops / ms / 1e9
+
+
+def _warm(jobs_chunk):
+    """Worker: run every (kernel row, d, causal) once, filling Triton's disk cache."""
+    arch = configs.arch(torch.device("cuda"))
+    for kernel, d, row, causal in jobs_chunk:
+        install(kernel, d, row, arch)
+        q, k, v, out, dout = inputs(d, causal, torch.device("cuda"))
+        try:
+            backward(q, k, v, out, dout)
+        except Exception as e:  # noqa: BLE001 -- reported by the timing pass
+            print(f"warm {kernel} {row} d={d} causal={causal}: {type(e).__name__}: {e}", flush=True)
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--jobs", type=int, default=12)
+    args = ap.parse_args()
+    from triton.testing import do_bench
+    device = torch.device("cuda")
+    arch = configs.arch(device)
+    work = [(kernel, d, row, causal) for kernel, d, row in all_candidates() for causal in (False, True)]
+    if args.jobs > 1:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(args.jobs) as pool:
+            pool.map(_warm, [work[i::args.jobs] for i in range(args.jobs)])
+    lines, best = [], {}
+    for d in (64, 128):
+        for causal in (False, True):
+            shipped = {k: dict(configs.TRITON_ATTENTION_BACKWARD.get((k, arch, "*", d_class(d)))
+                               or configs.TRITON_ATTENTION_BACKWARD[(k, "any", "*", d_class(d))])
+                       for k in ("dkdv", "dq")}
+            q, k, v, out, dout = inputs(d, causal, device)
+            ref = [g.float() for g in backward(q, k, v, out, dout)]
+            for kernel in ("dkdv", "dq"):
+                results = []
+                for row in CANDIDATES[(kernel, d_class(d))]:
+                    for kk, r in shipped.items():
+                        install(kk, d, r, arch)
+                    install(kernel, d, row, arch)
+                    try:
+                        grads = backward(q, k, v, out, dout)
+                        bad = max(((g.float() - r).abs() / (1 + r.abs())).max().item() for g, r in zip(grads, ref))
+                        if not bad <= 2 ** -5:
+                            raise AssertionError(f"gradients off by {bad:.3g}")
+                        ms = do_bench(lambda: backward(q, k, v, out, dout), warmup=10, rep=60)
+                    except Exception as e:  # noqa: BLE001
+                        lines.append(f"D={d} causal={causal} {kernel} {row}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    results.append((ms, row))
+                    lines.append(f"D={d} causal={causal} {kernel} {row}: {ms:.3f} ms "
+                                 f"{tflops(d, causal, ms):.0f} TFLOP/s (backward)")
+                    print(lines[-1], flush=True)
+                if results:
+                    ms, row = min(results, key=lambda t: t[0])
+                    shipped[kernel] = row  # the dQ pass runs with the best dK/dV row
+                    best[(kernel, d, causal)] = (ms, row)
+            for kk, r in shipped.items():
+                install(kk, d, r, arch)
+    lines.append("# best per (kernel, D, causal): ms, row")
+    for key, (ms, row) in best.items():
+        lines.append(f"# {key}: {ms:.3f} ms {row}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
