@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
-#                                 memcheck memcheck_plan racecheck tune sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
+#                                 memcheck memcheck_plan racecheck sanitize_bwd tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
@@ -64,11 +64,18 @@ for s in "$@"; do
       stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
       racecheck ;;
     racecheck) racecheck ;;
+    # The Triton attention backward kernels alone (no extension build needed) under both tools.
+    sanitize_bwd)
+      stage memcheck_bwd "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick
+      stage racecheck_bwd "${SAN_TIMEOUT:-120}" compute-sanitizer --tool racecheck --error-exitcode 1 \
+        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ;;
     memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
     # The Triton kernels launched from cached plans (triton/launch.py) under memcheck: the
     # compiled-kernel path after JIT dispatch, a misaligned specialization, a captured graph.
     memcheck_plan) stage memcheck_plan "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 \
             python -m pytest -q -p no:cacheprovider tests/test_plan.py -k "launch or fast_path or graph_capture" ;;
+    tune_bwd) stage tune_bwd "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention_backward.py --out "$OUT/tuned_attention_backward.txt" ${TUNE_ARGS:-} ;;
     tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
     sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \
             --out "$OUT/cuda_attn_sweep" --build-dir "$PWD/build/cuda_attn_sweep" ${SWEEP_ARGS:-} ;;

@@ -6,8 +6,9 @@ For D in {64, 128} and causal on/off (bf16, B·N = 16k tokens, H·D = 2048, N = 
 the `attention_backward` suite's grid), every candidate row of the dK/dV kernel is installed in
 configs.TRITON_ATTENTION_BACKWARD under this GPU's arch and the whole backward (delta, dK/dV, dQ:
 the launches that ship, through AttentionBackwardPlan) is timed with the dQ row fixed at the
-table's; then the dQ candidates with the best dK/dV row. The kernels are independent, so the two
-passes find the best pair. A candidate's gradients must first match the shipped ones (a few bf16
+table's; then the dQ candidates with the best dK/dV row (the kernels are independent, so the two
+passes find the best pair); then the dK/dV rows of the atomic dQ mode (no dQ kernel). The summary
+gives the best of each mode. A candidate's gradients must first match the shipped ones (a few bf16
 ulps: garbage fails). Every candidate builds for sm_90a without register spills
 (tests/test_attention_backward_sm90.py, -m slow).
 
@@ -48,12 +49,19 @@ CANDIDATES = {
                     _row(128, 32, 8, 3), _row(64, 64, 4, 4)],
     ("dq", "d128"): [_row(128, 32, 8, 3), _row(64, 32, 4, 3), _row(128, 64, 8, 2), _row(64, 64, 8, 3)],
 }
+# dK/dV rows of the atomic dQ mode (the kernel then also computes dS·K and adds it into dQ; the dQ
+# kernel does not run).
+ATOMIC = {
+    "d64": [dict(_row(32, 128, 8, 3), dq="atomic"), dict(_row(16, 128, 8, 3), dq="atomic")],
+    "d128": [dict(_row(16, 128, 8, 3), dq="atomic"), dict(_row(32, 64, 8, 2), dq="atomic")],
+}
 HEAD_DIMS = {"d64": 64, "d128": 128}
 
 
 def all_candidates():
     """(kernel, D, row) of every candidate (tests/test_attention_backward_sm90.py builds them)."""
-    return [(k, HEAD_DIMS[dc], row) for (k, dc), rows in CANDIDATES.items() for row in rows]
+    return ([(k, HEAD_DIMS[dc], row) for (k, dc), rows in CANDIDATES.items() for row in rows]
+            + [("dkdv", HEAD_DIMS[dc], row) for dc, rows in ATOMIC.items() for row in rows])
 
 
 def install(kernel: str, d: int, row: dict, arch: str) -> None:
@@ -107,41 +115,56 @@ def main():
         with ctx.Pool(args.jobs) as pool:
             pool.map(_warm, [work[i::args.jobs] for i in range(args.jobs)])
     lines, best = [], {}
+
+    def sweep(label, d, causal, rows, fixed, kernel, q, k, v, out, dout, ref):
+        """Time the backward with each row of `kernel` installed over `fixed`; (ms, row) best."""
+        results = []
+        for row in rows:
+            for kk, r in fixed.items():
+                install(kk, d, r, arch)
+            install(kernel, d, row, arch)
+            try:
+                grads = backward(q, k, v, out, dout)
+                bad = max(((g.float() - r).abs() / (1 + r.abs())).max().item() for g, r in zip(grads, ref))
+                if not bad <= 2 ** -5:
+                    raise AssertionError(f"gradients off by {bad:.3g}")
+                ms = do_bench(lambda: backward(q, k, v, out, dout), warmup=10, rep=60)
+            except Exception as e:  # noqa: BLE001
+                lines.append(f"{label} {kernel} {row}: {type(e).__name__}: {str(e)[:200]}")
+                print(lines[-1], flush=True)
+                continue
+            results.append((ms, row))
+            lines.append(f"{label} {kernel} {row}: {ms:.3f} ms {tflops(d, causal, ms):.0f} TFLOP/s (backward)")
+            print(lines[-1], flush=True)
+        return min(results, key=lambda t: t[0]) if results else (float("inf"), None)
+
     for d in (64, 128):
         for causal in (False, True):
-            shipped = {k: dict(configs.TRITON_ATTENTION_BACKWARD.get((k, arch, "*", d_class(d)))
-                               or configs.TRITON_ATTENTION_BACKWARD[(k, "any", "*", d_class(d))])
-                       for k in ("dkdv", "dq")}
+            label = f"D={d} causal={causal}"
+            shipped = {kk: dict(configs.TRITON_ATTENTION_BACKWARD.get((kk, arch, "*", d_class(d)))
+                                or configs.TRITON_ATTENTION_BACKWARD[(kk, "any", "*", d_class(d))])
+                       for kk in ("dkdv", "dq")}
+            shipped["dkdv"]["dq"] = "pass"
             q, k, v, out, dout = inputs(d, causal, device)
             ref = [g.float() for g in backward(q, k, v, out, dout)]
-            for kernel in ("dkdv", "dq"):
-                results = []
-                for row in CANDIDATES[(kernel, d_class(d))]:
-                    for kk, r in shipped.items():
-                        install(kk, d, r, arch)
-                    install(kernel, d, row, arch)
-                    try:
-                        grads = backward(q, k, v, out, dout)
-                        bad = max(((g.float() - r).abs() / (1 + r.abs())).max().item() for g, r in zip(grads, ref))
-                        if not bad <= 2 ** -5:
-                            raise AssertionError(f"gradients off by {bad:.3g}")
-                        ms = do_bench(lambda: backward(q, k, v, out, dout), warmup=10, rep=60)
-                    except Exception as e:  # noqa: BLE001
-                        lines.append(f"D={d} causal={causal} {kernel} {row}: {type(e).__name__}: {str(e)[:200]}")
-                        continue
-                    results.append((ms, row))
-                    lines.append(f"D={d} causal={causal} {kernel} {row}: {ms:.3f} ms "
-                                 f"{tflops(d, causal, ms):.0f} TFLOP/s (backward)")
-                    print(lines[-1], flush=True)
-                if results:
-                    ms, row = min(results, key=lambda t: t[0])
-                    shipped[kernel] = row  # the dQ pass runs with the best dK/dV row
-                    best[(kernel, d, causal)] = (ms, row)
+            # The dQ pass: the best dK/dV row with the shipped dQ row, then the best dQ row with it.
+            ms, row = sweep(label, d, causal, CANDIDATES[("dkdv", d_class(d))], shipped, "dkdv",
+                            q, k, v, out, dout, ref)
+            if row is not None:
+                shipped["dkdv"] = row
+            ms_pass, dq_row = sweep(label, d, causal, CANDIDATES[("dq", d_class(d))], shipped, "dq",
+                                    q, k, v, out, dout, ref)
+            if dq_row is not None:
+                shipped["dq"] = dq_row
+            ms_atomic, atomic_row = sweep(label, d, causal, ATOMIC[d_class(d)], shipped, "dkdv",
+                                          q, k, v, out, dout, ref)
+            best[("pass", d, causal)] = (ms_pass, {"dkdv": shipped["dkdv"], "dq": shipped["dq"]})
+            best[("atomic", d, causal)] = (ms_atomic, {"dkdv": atomic_row})
             for kk, r in shipped.items():
                 install(kk, d, r, arch)
-    lines.append("# best per (kernel, D, causal): ms, row")
-    for key, (ms, row) in best.items():
-        lines.append(f"# {key}: {ms:.3f} ms {row}")
+    lines.append("# best per (dQ mode, D, causal): ms, rows")
+    for key, (ms, rows) in best.items():
+        lines.append(f"# {key}: {ms:.3f} ms {tflops(key[1], key[2], ms):.0f} TFLOP/s {rows}")
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -20,7 +20,10 @@ that holds a row on chip (block_row_reg, block_row_smem) runs only rows it takes
 on dtype and layout: the extension's softmax_max_cols); the group "limits" runs each of them at its
 limit and checks that one column more raises ValueError, before any launch.
 Every case is printed before it runs (flushed), so a crash names its case.
---attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways).
+--attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways);
+--attention-backward the Triton attention backward kernels (gradients of ta.attention(backend="triton")
+at ragged sizes, odd D, MHA/GQA/MQA, a (B, N, H, D) layout, every dtype); --no-softmax skips the
+softmax kernels (a sanitizer run of the attention backward alone).
 --big adds (2^31/4096 + 2) × 4096 bf16 (row offsets past 2^31) and a transposed 8 × (2^28 + 2)
 (column offsets past 2^31): ~10 GB of device memory, minutes; not for the sanitizer.
 """
@@ -48,6 +51,7 @@ from tiled_attn import cuda as tcuda  # noqa: E402
 from tiled_attn.cuda import softmax as csoftmax  # noqa: E402
 from helpers import assert_rule, fresh_seed  # noqa: E402
 
+DEVICE = "cuda"  # run_attention_backward's tensors (a CPU dry run under the interpreter sets "cpu")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NS = (1, 3, 33, 1000, 1025, 4097, 70001)
 LAYOUTS = ("contiguous", "transposed", "offset", "padded")
@@ -239,6 +243,47 @@ def run_attention(res: Results, seed: int):
                         what=what + " lse")
 
 
+def run_attention_backward(res: Results, seed: int, quick: bool):
+    """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
+    both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
+    dtype; gradients against float64 autograd under the rule, poisoned outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 300), (257, 128), (200, 200))
+    heads = ((2, 2), (6, 2), (3, 1))
+    # Each config row (tl.dot tile) once per dtype class: D 40/64 share the d64 rows, 96/128 d128.
+    kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
+             (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
+    if quick:
+        shapes, heads = ((17, 33), (63, 1), (257, 128)), ((6, 2), (3, 1))
+    for (dtype, d), (nq, nk), (hq, hkv), causal, layout in itertools.product(
+            kinds, shapes, heads, (False, True), ("bhnd", "bnhd")):
+        if layout == "bnhd" and (d != 128 or dtype != torch.bfloat16):
+            continue
+        what = f"attention backward {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype} {layout}"
+        with res.case("attention backward", what):
+            def draw(h, n):
+                t = torch.randn((1, n, h, d) if layout == "bnhd" else (1, h, n, d), generator=gen)
+                t = t.to(dtype).to(DEVICE)
+                return (t.transpose(1, 2) if layout == "bnhd" else t).requires_grad_()
+            q, k, v = draw(hq, nq), draw(hkv, nk), draw(hkv, nk)
+            out = ta.attention(q, k, v, causal=causal, backend="triton")
+            dout = torch.randn(out.shape, generator=gen).to(dtype).to(DEVICE)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            q6, k6, v6 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            ref = torch.autograd.grad(reference.attention(q6, k6, v6, causal), (q6, k6, v6), dout.double())
+            g = hq // hkv
+            qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+            kr, vr = (t.repeat_interleave(g, dim=1) for t in (kt, vt))
+            mask = reference._causal_mask(nq, nk, q.device, nk - nq) if causal else None
+            t_out = F.scaled_dot_product_attention(qt, kr, vr, attn_mask=mask)
+            if mask is not None:  # rows that see no key: torch gives NaN, the contract 0
+                t_out = torch.where(mask.any(dim=1)[:, None], t_out, torch.zeros_like(t_out))
+            own = torch.autograd.grad(t_out, (qt, kt, vt), dout)
+            for name, a, r, t in zip("qkv", grads, ref, own):
+                t = torch.where(torch.isfinite(t), t, r.to(t.dtype))
+                assert_rule(a, r, t, dtype=dtype, seed=seed, what=f"{what} d{name}")
+
+
 def run_big(res: Results, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     n = 4096
@@ -280,6 +325,9 @@ def main() -> int:
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="fp32,bf16,fp16")
     p.add_argument("--quick", action="store_true", help="fewer sizes and layouts (racecheck is slow)")
     p.add_argument("--attention", action="store_true", help="also ta.attention(backend='cuda')")
+    p.add_argument("--attention-backward", action="store_true",
+                   help="also the Triton attention backward kernels")
+    p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
     p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args()
@@ -287,16 +335,20 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA device", file=sys.stderr)
         return 2
-    tcuda.require()
+    if not args.no_softmax or args.attention:
+        tcuda.require()
     _checks.POISON_OUTPUTS = True
     seed = fresh_seed() if args.seed is None else args.seed
     print(f"gpu_sanitize: seed {seed}, {torch.cuda.get_device_name()}, kernels "
           f"{[k or 'default' for k in (args.kernels or [None, *tcuda.SOFTMAX_KERNELS])]}", flush=True)
     res = Results()
-    run_softmax(res, args, seed)
-    check_limits(res, args.kernels or tcuda.SOFTMAX_KERNELS, [DTYPES[d] for d in args.dtypes], seed)
+    if not args.no_softmax:
+        run_softmax(res, args, seed)
+        check_limits(res, args.kernels or tcuda.SOFTMAX_KERNELS, [DTYPES[d] for d in args.dtypes], seed)
     if args.attention:
         run_attention(res, seed)
+    if args.attention_backward:
+        run_attention_backward(res, seed, args.quick)
     if args.big:
         run_big(res, seed)
 

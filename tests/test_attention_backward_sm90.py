@@ -18,7 +18,7 @@ import torch
 from helpers import HAS_CUDA, assert_none_without_interpreter, sm90a_build_problem
 
 HEAD_DIMS = (40, 64, 96, 128, 224, 256)
-_FP32_ARGS = ("Lse", "Delta", "DLse")
+_FP32_ARGS = ("Lse", "Delta", "DLse", "DQacc")
 _SCALARS = ("qk_scale", "sm_scale")
 
 
@@ -26,7 +26,7 @@ def _builds(which: str = "shipped") -> list:
     """(label, kernel, dtype, constexprs, options) of every backward build to check."""
     from tiled_attn.triton import attention_backward as tb
     from tiled_attn.triton.attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel,
-                                                 attention_bwd_dq_kernel)
+                                                 attention_bwd_dq_kernel, attention_bwd_dq_store_kernel)
     kernels = {"dkdv": attention_bwd_dkdv_kernel, "dq": attention_bwd_dq_kernel}
     out, seen = [], set()
 
@@ -43,12 +43,15 @@ def _builds(which: str = "shipped") -> list:
             for d in HEAD_DIMS:
                 q = torch.empty(1, 1, 1, d, dtype=torch_dt)
                 for causal in (False, True):
+                    atomic = tb.dq_mode(q, False, arch="sm90") == "atomic"
                     for name in kernels:
                         rows.append((name, dt, d, causal,
-                                     tb.launch_constants(q, name, False, causal, arch="sm90")))
+                                     tb.launch_constants(q, name, False, causal, "sm90", atomic)))
+                block_d = max(16, 1 << (d - 1).bit_length())
                 add(f"delta {dt} D={d}", attention_bwd_delta_kernel, dt,
-                    dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()),
-                         HAS_DLSE=True, WIDE=False, num_warps=4))
+                    dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, HAS_DLSE=True, WIDE=False, num_warps=4))
+                add(f"dq store {dt} D={d}", attention_bwd_dq_store_kernel, dt,
+                    dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, WIDE=False, num_warps=4))
     else:
         bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
         sys.path.insert(0, bench)
@@ -56,13 +59,14 @@ def _builds(which: str = "shipped") -> list:
         rows = []
         for name, d, cand in tune.all_candidates():
             q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16)
-            base = tb.launch_constants(q, name, False, False, arch="sm90")
+            base = tb.launch_constants(q, name, False, False, "sm90", cand.get("dq") == "atomic")
+            tiles = {k: v for k, v in cand.items() if k != "dq"}
             for causal in (False, True):
-                rows.append((name, "bf16", d, causal, dict(base, CAUSAL=causal, **cand)))
+                rows.append((name, "bf16", d, causal, dict(base, CAUSAL=causal, **tiles)))
     for name, dt, d, causal, const in rows:
         const = dict(const, WIDE=False)
-        label = (f"{name} {dt} D={d} causal={causal} {const['BLOCK_M']}x{const['BLOCK_N']} "
-                 f"w{const['num_warps']} s{const['num_stages']}")
+        label = (f"{name}{' atomic' if const.get('ATOMIC_DQ') else ''} {dt} D={d} causal={causal} "
+                 f"{const['BLOCK_M']}x{const['BLOCK_N']} w{const['num_warps']} s{const['num_stages']}")
         add(label, kernels[name], dt, const)
     return out
 

@@ -236,12 +236,13 @@ class AttentionBackwardPlan:
     """A signature's backward: (dq, dk, dv) from q, k, v, the forward's out and lse, the output's
     gradient and (has_dlse) lse's. Backends "triton" and "cuda" run the Triton backward kernels
     (tiled_attn/triton/attention_backward.py), "torch" the tiled PyTorch one
-    (reference.blockwise_attention_backward). Deterministic either way: no atomics."""
+    (reference.blockwise_attention_backward). The Triton dQ is its own pass (bitwise-repeatable)
+    or float32 atomics, by the config row; `deterministic` forces the pass."""
 
     __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts")
 
     def __init__(self, q, k, v, out, grad_out, scale: float, causal: bool, causal_offset: int,
-                 has_dlse: bool, backend: str):
+                 has_dlse: bool, backend: str, deterministic: bool):
         self.backend, self.scale, self.causal, self.offset = backend, scale, causal, causal_offset
         grads = [_grad_alloc(t) for t in (q, k, v)]
         self.layouts = [(g.shape, g.stride()) for g in grads]
@@ -254,7 +255,7 @@ class AttentionBackwardPlan:
             raise AssertionError(backend)
         from .triton import attention_backward as triton_backward
         self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
-                                                 causal_offset, has_dlse)
+                                                 causal_offset, has_dlse, deterministic)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse):
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
@@ -277,18 +278,20 @@ class AttentionBackwardPlan:
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")
 
 
-def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend):
+def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic):
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), grad_out.stride(),
            None if grad_lse is None else grad_lse.stride(), q.dtype, q.device, scale, causal,
-           causal_offset, backend)
+           causal_offset, backend, deterministic)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         plan = _BACKWARD_PLANS.put(key, AttentionBackwardPlan(q, k, v, out, grad_out, scale, causal,
-                                                              causal_offset, grad_lse is not None, backend))
+                                                              causal_offset, grad_lse is not None, backend,
+                                                              deterministic))
     return plan
 
 
-def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                   deterministic):
     # Autograd hands what the graph made: a gradient of another dtype (autocast, a float32 loss)
     # or an lse gradient with any layout. The kernels read dO through its strides (an expanded
     # gradient, stride 0, is read in place) and dlse as a contiguous float32 (B, H, Nq).
@@ -297,47 +300,51 @@ def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_
     if grad_lse is not None:
         grad_lse = grad_lse.to(lse.dtype).contiguous()
     return _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset,
-                          backend).backward(q, k, v, out, lse, grad_out, grad_lse)
+                          backend, deterministic).backward(q, k, v, out, lse, grad_out, grad_lse)
 
 
 torch.library.define("tiled_attn::attention_bwd",
                      "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                     "Tensor? grad_lse, float scale, bool causal, int causal_offset, str backend) "
-                     "-> (Tensor, Tensor, Tensor)")
+                     "Tensor? grad_lse, float scale, bool causal, int causal_offset, str backend, "
+                     "bool deterministic) -> (Tensor, Tensor, Tensor)")
 
 
 @torch.library.impl("tiled_attn::attention_bwd", "CompositeExplicitAutograd")
-def _attention_bwd_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
-    return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
+def _attention_bwd_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                        deterministic):
+    return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                          deterministic)
 
 
 @torch.library.register_fake("tiled_attn::attention_bwd")
-def _(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+def _(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend, deterministic):
     return _grad_alloc(q), _grad_alloc(k), _grad_alloc(v)
 
 
 _attention_bwd_op = torch.ops.tiled_attn.attention_bwd.default
 
 
-def _backward(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend):
+def _backward(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend, deterministic):
     if (_plain(q, k, v) and type(grad_out) is _Tensor and type(out) is _Tensor
             and (grad_lse is None or type(grad_lse) is _Tensor)):
-        return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
-    return _attention_bwd_op(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend)
+        return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                              deterministic)
+    return _attention_bwd_op(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                             deterministic)
 
 
 class _Attention(torch.autograd.Function):
     """The forward with autograd recording; the backward is the tiled one (P recomputed from the
     saved lse). `lse_grad`: lse is returned to the caller (return_lse), so its gradient flows too;
     otherwise it is marked non-differentiable and its (zero) gradient is never read.
-    `deterministic` is accepted for the API (DESIGN §3): every backward here is deterministic."""
+    `deterministic`: bitwise-repeatable gradients (the Triton dQ by its own pass, no atomics)."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic):
         out, lse = _forward(q, k, v, scale, causal, causal_offset, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, backend
-        ctx.lse_grad = lse_grad
+        ctx.lse_grad, ctx.deterministic = lse_grad, deterministic
         if not lse_grad:
             ctx.mark_non_differentiable(lse)
         return out, lse
@@ -346,7 +353,7 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
-                               ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend)
+                               ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -380,9 +387,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
            own SDPA where it computes the same, else "torch"), "triton", "cuda", "torch"
            (blockwise online attention in PyTorch: the reference).
 
-        deterministic: gradients bitwise-identical from run to run. Every backward of ours is
-           (dQ is its own pass, never atomics), so this changes nothing today; it is accepted for
-           flash-attn's API and checked to be a bool.
+        deterministic: gradients bitwise-identical from run to run (dQ by its own pass). Without
+           it the Triton backward may add dQ with float32 atomics where the config table says that
+           is faster (configs.TRITON_ATTENTION_BACKWARD, "dq"), whose last bits vary between runs.
 
     Differentiable with respect to q, k and v (and through lse when return_lse=True): the tiled
     backward recomputes P from q, k and the saved lse, never an N×N tensor; dK/dV are summed over

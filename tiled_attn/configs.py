@@ -558,7 +558,12 @@ TRITON_ATTENTION_BACKWARD: dict = _Table({
     ("dkdv", "cpu", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1},
     ("dq", "cpu", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1},
 })
-# The delta pre-pass (rowsum(dO·O)): rows per program and warps; a memory-bound pass.
+# Fields a row may leave out. "dq" (dkdv rows): "pass" (dQ by its own kernel: deterministic) or
+# "atomic" (float32 atomic adds from the dK/dV kernel: 5 matmuls instead of 7, not bitwise
+# repeatable; deterministic=True takes "pass" regardless). attention_bwd.py says more.
+TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass"}
+# The delta pre-pass (rowsum(dO·O)) and the atomic mode's dQ store: rows per program and warps
+# (memory-bound passes).
 TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}
 
 # ---------------------------------------------------------------------------------------------

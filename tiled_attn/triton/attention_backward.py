@@ -3,9 +3,9 @@
 Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "triton" and for backend
 "cuda" (the CUDA backend has no backward kernels of its own: its forward saves the same lse, so the
 Triton backward serves both). `plan_backward` does what depends only on the signature (the config
-rows of configs.TRITON_ATTENTION_BACKWARD, constexprs, grids) and returns the launches as a
-function; a call then costs the delta workspace and three launches through their compiled kernels
-(launch.py).
+rows of configs.TRITON_ATTENTION_BACKWARD, the dQ mode, constexprs, grids) and returns the launches
+as a function; a call then costs its workspaces (delta; the float32 dQ accumulator in the atomic
+mode) and three launches through their compiled kernels (launch.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import torch
 from .. import configs
 from . import online
 from .attention import MIN_DOT, WIDE_STRIDE, _cdiv, _effective_causal, _pow2, d_class
-from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel
+from .attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel,
+                            attention_bwd_dq_store_kernel)
 from .launch import Launch, interpreted
 
 __all__ = ["plan_backward", "attention_backward", "config"]
@@ -24,36 +25,46 @@ __all__ = ["plan_backward", "attention_backward", "config"]
 
 def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, arch: str | None = None) -> dict:
     """The TRITON_ATTENTION_BACKWARD row of `kernel` ("dkdv" or "dq") for this call: exact dtype
-    before "*", the device's arch before "any". `arch` overrides the device's (offline compiles)."""
+    before "*", the device's arch before "any", completed with TRITON_ATTENTION_BACKWARD_DEFAULTS.
+    `arch` overrides the device's (offline compiles)."""
     arch = arch or configs.arch(device)
     for a, dt in itertools.product((arch, "any"), (configs.dtype_key(dtype), "*")):
         row = configs.TRITON_ATTENTION_BACKWARD.get((kernel, a, dt, d_class(d)))
         if row is not None:
-            return row
+            return {**configs.TRITON_ATTENTION_BACKWARD_DEFAULTS, **row}
     raise KeyError(f"no TRITON_ATTENTION_BACKWARD config for {(kernel, arch, configs.dtype_key(dtype), d_class(d))}:"
                    " add a row to tiled_attn/configs.py")
 
 
+def dq_mode(q: torch.Tensor, deterministic: bool, arch: str | None = None) -> str:
+    """How dQ is computed: "pass" (its own kernel, bitwise-repeatable) or "atomic" (float32 atomic
+    adds from the dK/dV kernel), by the dkdv row's "dq" field; deterministic=True forces "pass"."""
+    return "pass" if deterministic else config("dkdv", q.device, q.dtype, q.shape[-1], arch)["dq"]
+
+
 def launch_constants(q: torch.Tensor, kernel: str, interpret: bool, causal: bool,
-                     arch: str | None = None) -> dict:
+                     arch: str | None = None, atomic_dq: bool = False) -> dict:
     """The constexprs and launch options of `kernel` for q's dtype and head dim."""
     d = q.shape[-1]
     row = config(kernel, q.device, q.dtype, d, arch)
     fp32 = q.dtype == torch.float32
     upcast = q.dtype == torch.bfloat16 and interpret  # attention_fwd.kv_loop: the interpreter's bf16
     block_d = max(MIN_DOT, _pow2(d))
-    return dict(CAUSAL=causal, BLOCK_M=row["BLOCK_M"], BLOCK_N=row["BLOCK_N"], HEAD_DIM=d,
-                BLOCK_D=block_d, EVEN_D=block_d == d,
-                # float32: a true fp32 product (TF32 breaks the numerics rule, as in the forward).
-                PRECISION="ieee" if fp32 or upcast else "tf32", UPCAST=upcast,
-                num_warps=row["num_warps"], num_stages=row["num_stages"])
+    const = dict(CAUSAL=causal, BLOCK_M=row["BLOCK_M"], BLOCK_N=row["BLOCK_N"], HEAD_DIM=d,
+                 BLOCK_D=block_d, EVEN_D=block_d == d,
+                 # float32: a true fp32 product (TF32 breaks the numerics rule, as in the forward).
+                 PRECISION="ieee" if fp32 or upcast else "tf32", UPCAST=upcast,
+                 num_warps=row["num_warps"], num_stages=row["num_stages"])
+    if kernel == "dkdv":
+        const["ATOMIC_DQ"] = atomic_dq
+    return const
 
 
 def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
-                  has_dlse: bool):
+                  has_dlse: bool, deterministic: bool = False):
     """run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv): the launches that fill dq, dk, dv for
     tensors with these shapes, strides, dtype and device. grad_lse is None unless has_dlse; lse
-    is the forward's contiguous (B, Hq, Nq) float32."""
+    is the forward's contiguous (B, Hq, Nq) float32. deterministic: dQ by its own pass (dq_mode)."""
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     device = q.device
@@ -64,7 +75,8 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     sq, sk, sv, so, sdo, sdq, sdk, sdv = strides
     qk_scale = scale * online.LOG2E
 
-    dkdv = launch_constants(q, "dkdv", interpret, causal)
+    atomic = dq_mode(q, deterministic) == "atomic"
+    dkdv = launch_constants(q, "dkdv", interpret, causal, atomic_dq=atomic)
     dqc = launch_constants(q, "dq", interpret, causal)
     n_tiles = _cdiv(n_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(n_q, dqc["BLOCK_M"])
@@ -77,23 +89,37 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     dkdv_launch = Launch(attention_bwd_dkdv_kernel, (b * hkv * n_tiles,), dict(dkdv, WIDE=wide),
                          device).bind(*sq, *sk, *sv, *sdo, *sdk, *sdv, hkv, hq // hkv, n_q, n_k, offset,
                                       qk_scale, scale, n_tiles)
+    delta_size = b * hq * n_q
+    if atomic:
+        store = Launch(attention_bwd_dq_store_kernel, (b * hq * delta_tiles,),
+                       dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], WIDE=wide,
+                            num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                       device).bind(*sdq, hq, n_q, scale, delta_tiles)
+
+        def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
+            ws = torch.empty(delta_size, dtype=torch.float32, device=device)
+            acc = torch.zeros(delta_size * d, dtype=torch.float32, device=device)
+            delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+            dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, acc)
+            store(acc, dq)
+        return run
+
     dq_launch = Launch(attention_bwd_dq_kernel, (b * hq * m_tiles,), dict(dqc, WIDE=wide),
                        device).bind(*sq, *sk, *sv, *sdo, *sdq, hq, hq // hkv, n_q, n_k, offset,
                                     qk_scale, scale, m_tiles)
-    delta_size = b * hq * n_q
 
     def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
         ws = torch.empty(delta_size, dtype=torch.float32, device=device)
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
-        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv)
+        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
         dq_launch(q, k, v, grad_out, lse, ws, dq)
     return run
 
 
 def attention_backward(q, k, v, out, lse, grad_out, dq, dk, dv, scale: float, causal: bool,
-                       causal_offset: int, grad_lse=None) -> None:
+                       causal_offset: int, grad_lse=None, deterministic: bool = False) -> None:
     """Fill dq, dk, dv (preallocated, any strides) with the gradients of attention of q over k, v
     given the forward's out and lse and the output's gradient (and lse's, if any). Planned for this
     one call: the tests call it; ta.attention's autograd caches the plan."""
     plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale, causal, causal_offset,
-                  grad_lse is not None)(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)
+                  grad_lse is not None, deterministic)(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)

@@ -7,7 +7,7 @@ with delta_i = Σ_d dO_id·O_id (minus dlse_i when the caller's loss uses lse: d
 P is recomputed tile by tile from q, k and lse by online.probs (the finalize of the forward's
 state), never stored: the only extra memory is delta, (B, Hq, Nq) float32.
 
-Three launches:
+The launches:
 * attention_bwd_delta_kernel: delta (one program per BLOCK_M rows of one head).
 * attention_bwd_dkdv_kernel: one program per (batch, kv head, key tile). It keeps K, V, dK, dV of
   its BLOCK_N keys on chip and walks every query tile of every query head of its GQA group, so dK
@@ -16,10 +16,14 @@ Three launches:
   tiles: sᵀ = k·qᵀ), so Pᵀ and dSᵀ feed the dV and dK products with no transpose of a computed tile.
 * attention_bwd_dq_kernel: one program per (batch, q head, query tile) walking the key tiles, as
   the forward does (the same kv_bounds split into unmasked tiles and a masked band).
-dQ is a separate pass rather than atomics in the dK/dV kernel (FA2's default): it recomputes
-q·kᵀ and dO·Vᵀ (7 matmuls in all instead of 5), but every gradient is written by exactly one
-program in a fixed order, so the backward is deterministic (bitwise-repeatable) with no flag and
-needs no float32 dQ accumulator or zeroing pass.
+dQ comes one of two ways (the plan picks; configs.TRITON_ATTENTION_BACKWARD's "dq" field):
+* "pass": attention_bwd_dq_kernel, its own launch. It recomputes q·kᵀ and dO·Vᵀ (7 matmuls in
+  all instead of 5), but every gradient is written by exactly one program in a fixed order:
+  bitwise-repeatable. deterministic=True always takes it.
+* "atomic" (FlashAttention-2's way): the dK/dV kernel also computes each key tile's share dS·K
+  and adds it into a zeroed float32 (B, Hq, Nq, D) accumulator with atomic adds; then
+  attention_bwd_dq_store_kernel scales and casts it into dQ. 5 matmuls, but the order of the
+  float32 additions varies from run to run (gradients differ in the last bits).
 
 Causal masks are handled like the forward's: tiles every row of which sees every key skip the mask;
 tiles no row sees are never visited. Rows past Nq load lse = −inf, which online.probs turns into
@@ -79,12 +83,13 @@ def attention_bwd_delta_kernel(
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, stride_dom, q_tile,
-               do_tile, d_ok, cols, lo, hi, n_q, causal_offset, qk_scale,
+def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_dom, q_tile,
+               do_tile, dq_tile, d_ok, cols, lo, hi, n_q, causal_offset, qk_scale, head_dim,
                MASKED: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Fold query rows [lo, hi) of one head into (dk, dv) of the program's key tile. MASKED: apply
-    the causal mask (key j visible to query i iff j <= i + causal_offset)."""
+    the causal mask (key j visible to query i iff j <= i + causal_offset). ATOMIC_DQ: also add
+    this key tile's share of dQ, dS·K, into the float32 accumulator at dq_src (unscaled)."""
     offs_m = tl.arange(0, BLOCK_M)
     for start in range(lo, hi, BLOCK_M):
         rows = start + offs_m
@@ -109,13 +114,18 @@ def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, strid
         dv = tl.dot(_to_dot(p_t, do.dtype, UPCAST), do, dv, input_precision=PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(_to_dot(ds_t, q.dtype, UPCAST), q, dk, input_precision=PRECISION)
+        ds_dot = _to_dot(ds_t, q.dtype, UPCAST)
+        dk = tl.dot(ds_dot, q, dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            # Keys past Nk were loaded as 0, so their (garbage) dS rows add nothing here.
+            dq = tl.dot(tl.trans(ds_dot), k, input_precision=PRECISION)
+            tl.atomic_add(dq_src + m64 * head_dim + dq_tile, dq, mask=ld_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "n_tiles"])
 def attention_bwd_dkdv_kernel(
-        Q, K, V, DO, Lse, Delta, DK, DV,
+        Q, K, V, DO, Lse, Delta, DK, DV, DQacc,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -125,7 +135,7 @@ def attention_bwd_dkdv_kernel(
         n_kv_heads, group, n_q, n_k, causal_offset, qk_scale, sm_scale, n_tiles,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        WIDE: tl.constexpr):
+        WIDE: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     # Consecutive programs share a kv head, so its group's q/dO stay in L2 across them.
     pid = tl.program_id(0)
     bh = pid // n_tiles
@@ -168,18 +178,23 @@ def attention_bwd_dkdv_kernel(
         full = 0
     q_tile = offs_m[:, None] * stride_qm + d[None, :] * stride_qd
     do_tile = offs_m[:, None] * stride_dom + d[None, :] * stride_dod
+    # The dQ accumulator: contiguous float32 (B, Hq, Nq, HEAD_DIM).
+    dq_tile = offs_m[:, None] * HEAD_DIM + d[None, :]
     n_heads = n_kv_heads * group
     for g in range(0, group):
         h = kvh * group + g
         q_src = Q + b * stride_qb + h * stride_qh
         do_src = DO + b * stride_dob + h * stride_doh
         row0 = (b * n_heads + h) * n_q
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, stride_qm,
-                            stride_dom, q_tile, do_tile, d_ok, cols, lo, full, n_q, causal_offset,
-                            qk_scale, True, BLOCK_M, EVEN_D, PRECISION, UPCAST)
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, stride_qm,
-                            stride_dom, q_tile, do_tile, d_ok, cols, full, n_q, n_q, causal_offset,
-                            qk_scale, False, BLOCK_M, EVEN_D, PRECISION, UPCAST)
+        dq_src = DQacc + row0 * HEAD_DIM
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q,
+                            causal_offset, qk_scale, HEAD_DIM, True, BLOCK_M, EVEN_D, PRECISION,
+                            UPCAST, ATOMIC_DQ)
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q,
+                            causal_offset, qk_scale, HEAD_DIM, False, BLOCK_M, EVEN_D, PRECISION,
+                            UPCAST, ATOMIC_DQ)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + n64 * stride_dkn
@@ -295,3 +310,28 @@ def attention_bwd_dq_kernel(
     tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm
              + offs_m[:, None] * stride_dqm + d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attention_bwd_dq_store_kernel(
+        DQacc, DQ, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q, sm_scale, m_tiles,
+        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
+    """dQ = scale · the float32 accumulator the atomic dK/dV kernel filled, in dQ's dtype and
+    strides."""
+    pid = tl.program_id(0)
+    bh = pid // m_tiles
+    m0 = (pid % m_tiles) * BLOCK_M
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    if WIDE:
+        offs_m = offs_m.to(tl.int64)
+        d = d.to(tl.int64)
+    mask = (rows < n_q)[:, None] & (d < HEAD_DIM)[None, :]
+    m64 = tl.cast(m0, tl.int64)
+    acc = tl.load(DQacc + (bh.to(tl.int64) * n_q + m64) * HEAD_DIM + offs_m[:, None] * HEAD_DIM + d[None, :],
+                  mask=mask, other=0.0)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm + offs_m[:, None] * stride_dqm
+             + d[None, :] * stride_dqd, (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
