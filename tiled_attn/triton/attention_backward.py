@@ -24,11 +24,12 @@ __all__ = ["plan_backward", "attention_backward", "config"]
 
 
 def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, arch: str | None = None) -> dict:
-    """The TRITON_ATTENTION_BACKWARD row of `kernel` ("dkdv" or "dq") for this call: exact dtype
-    before "*", the device's arch before "any", completed with TRITON_ATTENTION_BACKWARD_DEFAULTS.
-    `arch` overrides the device's (offline compiles)."""
+    """The TRITON_ATTENTION_BACKWARD row of `kernel` ("dkdv" or "dq") for this call: an exact dtype
+    before "*" (float32's own rows win over an arch's 16-bit ones), then the device's arch before
+    "any"; completed with TRITON_ATTENTION_BACKWARD_DEFAULTS. `arch` overrides the device's
+    (offline compiles)."""
     arch = arch or configs.arch(device)
-    for a, dt in itertools.product((arch, "any"), (configs.dtype_key(dtype), "*")):
+    for dt, a in itertools.product((configs.dtype_key(dtype), "*"), (arch, "any")):
         row = configs.TRITON_ATTENTION_BACKWARD.get((kernel, a, dt, d_class(d)))
         if row is not None:
             return {**configs.TRITON_ATTENTION_BACKWARD_DEFAULTS, **row}
