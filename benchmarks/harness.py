@@ -146,7 +146,19 @@ class Check:
     message: str = ""
 
 
-def check_rule(out, ref: torch.Tensor, e_torch: float, dtype: torch.dtype) -> Check:
+def check_rule(out, ref, e_torch, dtype: torch.dtype) -> Check:
+    """The rule for one output, or for each of several (a tuple of outputs, references and
+    torch's errors: gradients); several pass iff each does, and the record names the worst (the
+    largest e_ours / tol)."""
+    if isinstance(ref, tuple):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return Check(False, None, None, None, f"returned {type(out).__name__}, not {len(ref)} outputs")
+        checks = [check_rule(o, r, e, dtype) for o, r, e in zip(out, ref, e_torch)]
+        bad = [(i, c) for i, c in enumerate(checks) if not c.ok]
+        if bad:
+            i, c = bad[0]
+            return Check(False, c.e_ours, c.e_torch, c.tol, f"output {i}: {c.message}")
+        return max(checks, key=lambda c: c.e_ours / c.tol if c.tol else 0.0)
     if not isinstance(out, torch.Tensor):
         return Check(False, None, e_torch, None, f"returned {type(out).__name__}, not a tensor")
     if tuple(out.shape) != tuple(ref.shape):
@@ -476,7 +488,9 @@ class _CaseData:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch_out = self.suite.op.torch_output(self.case, inputs)
-            self._ref = (ref, ref_dtype, max_err(torch_out, ref))
+            e_torch = (tuple(max_err(t, r) for t, r in zip(torch_out, ref)) if isinstance(ref, tuple)
+                       else max_err(torch_out, ref))
+            self._ref = (ref, ref_dtype, e_torch)
             del torch_out
         return self._ref
 
@@ -700,6 +714,65 @@ ATTENTION = Op(
 )
 
 
+def attention_grad_reference(q, k, v, dout, causal: bool) -> tuple[tuple, str]:
+    """(dq, dk, dv) of reference.attention by autograd, float64 (float32 above
+    REF_FLOAT64_MAX_SCORES score elements), chunked over (batch, head) pairs like
+    attention_reference (equal q and k/v heads: the suites' MHA shapes)."""
+    b, h, n, d = q.shape
+    assert k.shape[1] == h, "attention_grad_reference takes MHA shapes"
+    ref_dtype = torch.float64 if b * h * n * k.shape[2] <= REF_FLOAT64_MAX_SCORES else torch.float32
+    flat = [t.reshape(b * h, 1, t.shape[2], d) for t in (q, k, v, dout)]
+    grads = [torch.empty(t.shape, dtype=ref_dtype, device=q.device) for t in flat[:3]]
+    rows = max(1, REF_CHUNK_ELEMS // max(1, n * k.shape[2]))
+    for r0 in range(0, b * h, rows):
+        sl = slice(r0, r0 + rows)
+        qc, kc, vc = (t[sl].to(ref_dtype).requires_grad_() for t in flat[:3])
+        out = reference.attention(qc, kc, vc, causal=causal)
+        for g, gc in zip(grads, torch.autograd.grad(out, (qc, kc, vc), flat[3][sl].to(ref_dtype))):
+            g[sl] = gc
+        del out
+    return tuple(g.view(b, h, -1, d) for g in grads), DTYPE_NAMES[ref_dtype]
+
+
+def attention_grads(attn, case: dict, inputs: tuple, cache: dict):
+    """(dq, dk, dv) of attn(q, k, v) for the case's mode: "fwd+bwd" runs the forward and the
+    backward; "bwd" only the backward, of a forward made once per input set (kept in `cache`)."""
+    q, k, v, dout = inputs
+    if case["mode"] == "bwd":
+        key = (id(q), id(attn))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not q:  # (an id can be reused once its tensor is freed)
+            if len(cache) >= 8:  # the input sets of one case (rotation): drop an older case's
+                cache.clear()
+            leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+            hit = cache[key] = (q, leaves, attn(*leaves))
+        _, leaves, out = hit
+        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(attn(*leaves), leaves, dout)
+
+
+def _attention_grad_work(c) -> float:
+    fwd = 4 * c["B"] * c["H"] * c["N"] ** 2 * c["D"] / (2 if c["causal"] else 1)
+    return fwd * (2.5 if c["mode"] == "bwd" else 3.5)
+
+
+ATTENTION_BACKWARD = Op(
+    name="attention_backward", unit="TFLOP/s", ceiling="matmul_tflops",
+    make_inputs=lambda c, dev, g: tuple(_randn((c["B"], c["H"], c["N"], c["D"]), c, dev, g)
+                                        for _ in range(4)),
+    reference=lambda c, inp: attention_grad_reference(*inp, c["causal"]),
+    torch_output=lambda c, inp: attention_grads(lambda q, k, v: _sdpa_default(q, k, v, c["causal"]),
+                                                dict(c, mode="fwd+bwd"), inp, {}),
+    work=_attention_grad_work,
+    label=lambda c: f"{c['mode']} D={c['D']} N={c['N']} B={c['B']} H={c['H']}"
+                    f"{' causal' if c['causal'] else ''} {c['dtype']}",
+    convention="FLOPs = the forward's 4·B·H·N²·D (halved for causal) × 2.5 for the backward, × 3.5 "
+               "for forward + backward (FlashAttention's count: the backward's 5 matmuls); "
+               "% of the measured dense matmul rate",
+)
+
+
 DECODE = Op(
     name="decode", unit="GB/s", ceiling="copy_gbps",
     make_inputs=lambda c, dev, g: (_randn((c["B"], c["Hq"], 1, c["D"]), c, dev, g),
@@ -891,6 +964,68 @@ def sdpa(backend: str | None = None) -> Provider:
 
     return Provider("sdpa" if backend is None else f"sdpa-{backend}", _call_quietly(fn),
                     role="baseline")
+
+
+def grad_provider(name: str, attn_of_case, role: str = "ours", available=None, supports=None) -> Provider:
+    """Gradients of an attention function for the attention_backward suite: `attn_of_case(case)`
+    returns attn(q, k, v). Not CUDA-graph captured (autograd's graph is made per call; the eager
+    time is the headline anyway)."""
+    cache: dict = {}
+
+    def fn(case, inputs):
+        return attention_grads(attn_of_case(case), case, inputs, cache)
+    return Provider(name, _call_quietly(fn), role=role, available=available, supports=supports,
+                    graphable=False)
+
+
+def ours_attention_grad(backend: str | None) -> Provider:
+    """ta.attention forward + backward (backend None: "default", what a user gets)."""
+    fns: dict = {}
+
+    def attn_of_case(case):
+        causal = case["causal"]
+        if causal not in fns:
+            fns[causal] = lambda q, k, v: ta.attention(q, k, v, causal=causal, backend=backend)
+        return fns[causal]
+    return grad_provider(backend or "default", attn_of_case,
+                         available=None if backend is None else _attention_available(backend))
+
+
+def sdpa_grad(backend: str | None = None) -> Provider:
+    """torch SDPA's forward + backward, pinned to one backend like sdpa() (None: torch's choice)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attn_of_case(case):
+        causal = case["causal"]
+        if backend is None:
+            return lambda q, k, v: _sdpa_default(q, k, v, causal)
+
+        def attn(q, k, v):
+            with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
+                return _sdpa_default(q, k, v, causal)
+        return attn
+    return grad_provider("sdpa" if backend is None else f"sdpa-{backend}", attn_of_case, role="baseline")
+
+
+def flex_attention_grad() -> Provider:
+    """FlexAttention forward + backward under torch.compile (compiled in the checked first call)."""
+    state: dict = {}
+
+    def attn_of_case(case):
+        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        if "f" not in state:
+            _raise_recompile_limits()
+            state["f"] = torch.compile(flex, dynamic=False)
+        causal = bool(case["causal"])
+        key = (case["N"], causal)
+        if key not in state:
+            mask = (create_block_mask(_causal_mod, None, None, case["N"], case["N"], device="cuda")
+                    if causal else None)
+            state[key] = lambda q, k, v: state["f"](q, k, v, block_mask=mask)
+        return state[key]
+    return grad_provider("flex", attn_of_case, role="baseline",
+                         available=lambda d: None if d.type == "cuda" else "GPU suites only")
 
 
 def _causal_mod(b, h, q_idx, kv_idx):

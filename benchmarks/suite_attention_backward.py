@@ -1,0 +1,29 @@
+"""Attention backward (issue 13): forward + backward and the backward alone, bf16, B·N = 16k tokens
+of H·D = 2048, against each SDPA backend (the default is cuDNN on the H100) and FlexAttention."""
+from . import harness as h
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def _shape(n, d, causal, mode):
+    return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal, mode=mode)
+
+
+SHAPES = [_shape(n, d, c, m) for m in ("fwd+bwd", "bwd") for c in (False, True) for d in (64, 128)
+          for n in (1024, 4096, 16384)]
+QUICK = [_shape(4096, d, c, "fwd+bwd") for c in (False, True) for d in (64, 128)]
+
+SUITE = h.Suite(
+    name="attention_backward", title="Attention forward + backward vs SDPA backends and FlexAttention",
+    op=h.ATTENTION_BACKWARD, device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("bf16",),
+    providers=[h.ours_attention_grad(None), h.ours_attention_grad("triton"), h.sdpa_grad(),
+               h.sdpa_grad("flash"), h.sdpa_grad("cudnn"), h.sdpa_grad("efficient"), h.flex_attention_grad()],
+    baselines=("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"),
+    plot=h.Plot("lines", x="N", rows="mode", cols="D"),
+    notes="Gradients of a random dO by torch.autograd.grad. 'fwd+bwd' times the forward and the "
+          "backward; 'bwd' the backward alone, of a forward made once per input set (retain_graph). "
+          "Checked before timing: dq, dk, dv against float64 autograd through the reference "
+          "(float32, chunked per head, above 2^30 score elements), each under the 2x rule against "
+          "SDPA's own bf16 gradients. Eager timing only (autograd is not CUDA-graph captured here). "
+          "backend='cuda' runs the same Triton backward, so it is not a separate line.",
+)
