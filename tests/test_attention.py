@@ -702,17 +702,6 @@ def test_triton_attention_sweep_candidates_compile_for_sm90a():
     _compile_in_subprocess("candidates")
 
 
-# -- autograd --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_backward_not_implemented(backend):
-    device = _require(backend)
-    q = torch.randn(1, 2, 8, 32, device=device, dtype=torch.float16, requires_grad=True)
-    k = torch.randn(1, 2, 8, 32, device=device, dtype=torch.float16)
-    out = ta.attention(q, k, k, backend=backend)
-    with pytest.raises(NotImplementedError, match="forward pass only"):
-        out.float().sum().backward()
-
-
 # -- bad input: one test per message of _checks.check_attention ------------------------------------
 def _t(*shape, dtype=torch.float32, device="cpu"):
     return torch.zeros(*shape, dtype=dtype, device=device)

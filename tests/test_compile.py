@@ -136,13 +136,50 @@ def test_softmax_backward_through_compile(seed):
 
 
 def test_nn_attention_compiles_in_training_mode(seed):
-    # With grad enabled the module routes to torch's SDPA: still one graph, and a backward.
+    # With grad enabled: one graph, our forward op in it and our backward op in the backward graph.
     m = _block(seed).attn.train()
     x = randn((2, 9, 64), torch.float32, DEVICE, torch.Generator().manual_seed(seed))
     backend, graphs = _recording_backend()
     torch.compile(m, fullgraph=True, backend=backend)(x).sum().backward()
-    assert OPS.attention_fwd.default not in _targets(graphs["fw"][0])
+    assert OPS.attention_fwd.default in _targets(graphs["fw"][0])
+    assert OPS.attention_bwd.default in _targets(graphs["bw"][0])
     assert all(p.grad is not None for p in m.parameters())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_through_compile(causal, seed):
+    """torch.compile(fullgraph=True) over ta.attention's forward + backward (GQA, Nq != Nk, the
+    loss using lse too): tiled_attn::attention_bwd in the AOT backward graph, gradients under the
+    rule against float64 autograd."""
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((2, 4, 9, 32), DTYPE, DEVICE, gen)
+    k, v = (randn((2, 2, 13, 32), DTYPE, DEVICE, gen) for _ in range(2))
+    w = randn((2, 4, 9, 32), DTYPE, DEVICE, gen)
+    wl = randn((2, 4, 9), torch.float32, DEVICE, gen)
+
+    def loss(q, k, v):
+        out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend=OP_BACKEND)
+        return (out.float() * w.float()).sum() + (lse * wl).sum()
+
+    backend, graphs = _recording_backend()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.compile(loss, fullgraph=True, backend=backend)(*leaves).backward()
+    assert OPS.attention_bwd.default in _targets(graphs["bw"][0])
+    ours = [t.grad for t in leaves]
+    from tiled_attn import reference
+    q6, k6, v6 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o6, l6 = reference.attention(q6, k6, v6, causal=causal, return_lse=True)
+    g6 = torch.autograd.grad((o6 * w.double()).sum() + (l6 * wl.double()).sum(), (q6, k6, v6))
+    qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    kr, vr = (t.repeat_interleave(2, dim=1) for t in (kt, vt))
+    mask = reference._causal_mask(9, 13, q.device) if causal else None
+    s = (qt.float() @ kr.float().transpose(-1, -2)) * 32 ** -0.5
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    o = torch.nn.functional.scaled_dot_product_attention(qt, kr, vr, attn_mask=mask)
+    gt = torch.autograd.grad((o.float() * w.float()).sum() + (torch.logsumexp(s, -1) * wl).sum(), (qt, kt, vt))
+    for name, a, r, t in zip("qkv", ours, g6, gt):
+        assert_rule(a, r, t, dtype=DTYPE, seed=seed, what=f"compiled attention d{name}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,6 +206,28 @@ def test_opcheck_attention(case, backend, seed):
     q = randn((b, hq, nq, d), dtype, DEVICE if backend != "torch" else "cpu", gen)
     k, v = (randn((b, hkv, nk, d), dtype, q.device, gen) for _ in range(2))
     torch.library.opcheck(ATTN._attention_op, (q, k, v, d ** -0.5, causal, offset, backend))
+
+
+@pytest.mark.parametrize("backend", _opcheck_backends())
+@pytest.mark.parametrize("case", [
+    # (B, Hq, Hkv, Nq, Nk, D, causal, causal_offset, with dlse)
+    (2, 4, 2, 8, 6, 16, True, -2, True),
+    (1, 2, 2, 5, 9, 32, False, 0, False),
+    (1, 2, 2, 4, 0, 16, False, 0, False),
+], ids=str)
+def test_opcheck_attention_backward(case, backend, seed):
+    b, hq, hkv, nq, nk, d, causal, offset, with_dlse = case
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float32 if backend == "torch" else torch.bfloat16
+    device = DEVICE if backend != "torch" else "cpu"
+    q = randn((b, hq, nq, d), dtype, device, gen)
+    k, v = (randn((b, hkv, nk, d), dtype, device, gen) for _ in range(2))
+    fwd_backend = "triton" if backend == "cuda" else backend  # the cuda forward has no D = 16
+    out, lse = ATTN._attention_op(q, k, v, d ** -0.5, causal, offset, fwd_backend)
+    dout = randn(out.shape, dtype, device, gen)
+    dlse = randn(lse.shape, torch.float32, device, gen) if with_dlse else None
+    torch.library.opcheck(ATTN._attention_bwd_op,
+                          (dout, q, k, v, out, lse, dlse, d ** -0.5, causal, offset, backend, False))
 
 
 @pytest.mark.parametrize("backend", _opcheck_backends())
@@ -240,6 +299,48 @@ def test_cuda_graph_attention(case, backend, seed):
         ref, theirs = _attn_ref(q, k, v, causal)
         assert_rule(out, ref, theirs, dtype=q.dtype, seed=seed, what=f"graph replay {trial}")
         torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_cuda_graph_training_step(backend, seed):
+    """A training step (ta.nn.Attention forward + backward of a loss) captured in one CUDA graph and
+    replayed on new inputs: the parameter gradients equal an eager step's bitwise (the backward
+    is deterministic by default: its dQ pass; no atomics)."""
+    torch.manual_seed(seed)
+    m = ta.nn.Attention(128, 8, 2, rope_theta=10000.0, backend=backend).to("cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((2, 256, 128), torch.bfloat16, "cuda", gen)
+
+    def step():
+        for p in m.parameters():
+            p.grad = None
+        m(x).float().square().mean().backward()
+        return [p.grad for p in m.parameters()]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for p in m.parameters():
+        p.grad = None
+    with torch.cuda.graph(graph):
+        m(x).float().square().mean().backward()
+    grads = [p.grad for p in m.parameters()]
+    for trial in range(2):
+        x.copy_(randn(x.shape, x.dtype, "cuda", gen))
+        for g in grads:
+            g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        captured = [g.clone() for g in grads]
+        eager = step()
+        for i, (a, e) in enumerate(zip(captured, eager)):
+            assert torch.isfinite(a).all(), f"replay {trial}: gradient {i} not finite"
+            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda msg: f"replay {trial} grad {i}: {msg}")
 
 
 @gpu

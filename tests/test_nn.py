@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tiled_attn as ta
-from helpers import HAS_CUDA, assert_rule, randn
+from helpers import HAS_CUDA, INTERPRET, assert_rule, randn
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -138,10 +138,14 @@ def test_causal_vs_not(seed):
         assert prefix_equal == causal
 
 
-def test_trains_through_torch_sdpa(seed, kernel_calls):
-    # Grad mode with trainable parameters: the attention goes to torch's SDPA (we have no backward);
-    # gradients follow the rule against the plain float64 module.
-    m = _module(seed, 64, 4, 2, bias=True, rope_theta=10000.0)
+@pytest.mark.parametrize("backend", [None, "torch", "triton"])
+def test_trains_on_our_kernels(seed, kernel_calls, backward_calls, backend):
+    """Grad mode with trainable parameters: the attention step is ta.attention forward and backward
+    (backend None on the CPU is torch's own SDPA, which then does the backward); parameter
+    gradients follow the rule against the plain float64 module."""
+    if backend == "triton" and not (HAS_CUDA or INTERPRET):
+        pytest.skip("the triton backend needs CUDA or the interpreter")
+    m = _module(seed, 64, 4, 2, bias=True, rope_theta=10000.0, backend=backend)
     gen = torch.Generator().manual_seed(seed)
     x = randn((2, 11, 64), torch.float32, DEVICE, gen)
     dy = randn((2, 11, 64), torch.float32, DEVICE, gen)
@@ -152,7 +156,11 @@ def test_trains_through_torch_sdpa(seed, kernel_calls):
         out = mm(x) if dtype is None else plain_attention_module(mm, x.to(dtype))
         out.backward(dy.to(out.dtype))
         grads[name] = [p.grad for p in mm.parameters()]
-    assert kernel_calls == []
+    assert len(kernel_calls) == 1
+    if kernel_calls == ["native"]:  # the CPU default: torch's SDPA and its autograd
+        assert backward_calls == []
+    else:
+        assert backward_calls == kernel_calls
     for i, (a, r, t) in enumerate(zip(grads["ours"], grads["ref"], grads["torch"])):
         assert_rule(a, r, t, dtype=torch.float32, seed=seed, what=f"grad of parameter {i}")
 

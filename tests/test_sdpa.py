@@ -161,20 +161,38 @@ def test_dropout_routes_to_torch(seed, kernel_calls):
     assert kernel_calls == []
 
 
-def test_requires_grad_routes_to_torch_and_trains(seed, kernel_calls):
+def test_requires_grad_runs_our_backward(seed, kernel_calls, backward_calls, monkeypatch):
+    """A call that needs a gradient runs our forward and backward plans (on the CPU, where
+    backend=None would be torch's own SDPA, the torch backend is forced in its place), and the
+    gradients follow the rule against float64 autograd; torch's own op in float32 is the e_torch."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(ATTN, "_backend_for", lambda *a: "torch")
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (t.requires_grad_() for t in _qkv((2, 4, 10, 16), (2, 2, 14, 16), torch.float32, gen))
     ours = ta.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    assert torch.equal(ours, theirs) and kernel_calls == []
     dout = randn(ours.shape, torch.float32, DEVICE, gen)
     g_ours = torch.autograd.grad(ours, (q, k, v), dout)
-    g_theirs = torch.autograd.grad(theirs, (q, k, v), dout)
-    for a, b in zip(g_ours, g_theirs):
-        assert torch.equal(a, b)
-    with torch.no_grad():  # no gradient needed: our kernels again
-        ta.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    assert len(kernel_calls) == 1
+    assert len(kernel_calls) == 1 and kernel_calls[0] != ATTN.NATIVE
+    assert backward_calls == kernel_calls
+    q6, k6, v6 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    g_ref = torch.autograd.grad(F.scaled_dot_product_attention(q6, k6, v6, is_causal=True, enable_gqa=True),
+                                (q6, k6, v6), dout.double())
+    g_torch = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                                  (q, k, v), dout)
+    for name, a, r, t in zip("qkv", g_ours, g_ref, g_torch):
+        assert_rule(a, r, t, dtype=torch.float32, seed=seed, what=f"d{name}")
+
+
+def test_requires_grad_with_a_mask_still_goes_to_torch(seed, kernel_calls, backward_calls):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (t.requires_grad_() for t in _qkv((2, 2, 6, 16), (2, 2, 6, 16), torch.float32, gen))
+    mask = torch.rand(6, 6, generator=gen).to(DEVICE) > 0.3
+    mask[:, 0] = True
+    ours = ta.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(ours, theirs)
+    ours.sum().backward()
+    assert kernel_calls == [] and backward_calls == []
 
 
 def test_other_shapes_route_to_torch(seed, kernel_calls):

@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float32
+ATTN_NATIVE = "native"
 
 
 def _models(seed):
@@ -100,19 +101,27 @@ def test_importing_tiled_attn_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_training_step_goes_the_sdpa_way(seed, kernel_calls):
-    """A call that needs a gradient (no attention backward of ours yet) runs transformers' own sdpa
-    forward: the same loss and gradients as the "sdpa" model, and none of our plans ran."""
-    ours, theirs, _ = _models(seed)
+def test_training_step_runs_our_kernels(seed, kernel_calls, backward_calls, monkeypatch):
+    """A training step of the "tiled_attn" model runs our forward and backward plans (on the CPU,
+    where backend=None would be torch's own SDPA, the torch backend is forced in its place); its
+    loss and gradients follow the rule against the float64 "sdpa" model, with the "sdpa" model
+    in the same dtype as torch's own error."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(sys.modules["tiled_attn.attention"], "_backend_for", lambda *a: "torch")
+    ours, theirs, ref = _models(seed)
     ids, _ = _inputs(seed)
     losses, grads = [], []
-    for m in (ours, theirs):
+    for m in (ours, theirs, ref):
         m.train()
         loss = m(input_ids=ids, labels=ids).loss
         loss.backward()
         losses.append(loss.detach())
-        grads.append(m.model.layers[0].self_attn.q_proj.weight.grad)
+        grads.append([m.model.layers[i].self_attn.q_proj.weight.grad for i in range(2)]
+                     + [m.model.layers[0].self_attn.k_proj.weight.grad])
         m.eval()
-    assert kernel_calls == []
-    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)
-    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    assert len(kernel_calls) == 2 and ATTN_NATIVE not in kernel_calls  # one per layer
+    assert backward_calls == kernel_calls
+    assert_rule(losses[0], losses[2], losses[1], dtype=DTYPE, seed=seed, what="loss")
+    for i, (a, r, t) in enumerate(zip(grads[0], grads[2], grads[1])):
+        assert_rule(a, r, t, dtype=DTYPE, seed=seed, what=f"gradient {i}")
+
