@@ -308,9 +308,10 @@ def test_cuda_graph_training_step(backend, seed):
     replayed on new inputs: the parameter gradients equal an eager step's bitwise (the backward
     is deterministic by default: its dQ pass; no atomics)."""
     torch.manual_seed(seed)
-    m = ta.nn.Attention(128, 8, 2, rope_theta=10000.0, backend=backend).to("cuda", torch.bfloat16)
+    # D = 64: a head dim the cuda backend's forward instantiates.
+    m = ta.nn.Attention(512, 8, 2, rope_theta=10000.0, backend=backend).to("cuda", torch.bfloat16)
     gen = torch.Generator().manual_seed(seed)
-    x = randn((2, 256, 128), torch.bfloat16, "cuda", gen)
+    x = randn((2, 256, 512), torch.bfloat16, "cuda", gen)
 
     def step():
         for p in m.parameters():
