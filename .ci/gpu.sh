@@ -67,9 +67,9 @@ for s in "$@"; do
     # The Triton attention backward kernels alone (no extension build needed) under both tools.
     sanitize_bwd)
       stage memcheck_bwd "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick
+        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ${SAN_BWD_ARGS:-}
       stage racecheck_bwd "${SAN_TIMEOUT:-120}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn --error-exitcode 1 \
-        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ;;
+        python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ${SAN_BWD_ARGS:-} ;;
     memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
     # The Triton kernels launched from cached plans (triton/launch.py) under memcheck: the
     # compiled-kernel path after JIT dispatch, a misaligned specialization, a captured graph.

@@ -243,7 +243,7 @@ def run_attention(res: Results, seed: int):
                         what=what + " lse")
 
 
-def run_attention_backward(res: Results, seed: int, quick: bool):
+def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
     """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
     both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
     dtype; gradients against float64 autograd under the rule, poisoned outputs."""
@@ -253,6 +253,8 @@ def run_attention_backward(res: Results, seed: int, quick: bool):
     # Each config row (tl.dot tile) once per dtype class: D 40/64 share the d64 rows, 96/128 d128.
     kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
              (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
+    if dtypes:
+        kinds = tuple((dt, d) for dt, d in kinds if dt in [DTYPES[n] for n in dtypes])
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
         shapes, heads = ((17, 33), (257, 128)), ((6, 2),)
     for (dtype, d), (nq, nk), (hq, hkv), causal, layout in itertools.product(
@@ -328,6 +330,8 @@ def main() -> int:
     p.add_argument("--attention-backward", action="store_true",
                    help="also the Triton attention backward kernels")
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
+    p.add_argument("--bwd-dtypes", type=lambda s: s.split(","), default=None,
+                   help="the attention backward's dtypes (fp32,bf16,fp16; default all)")
     p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args()
@@ -348,7 +352,7 @@ def main() -> int:
     if args.attention:
         run_attention(res, seed)
     if args.attention_backward:
-        run_attention_backward(res, seed, args.quick)
+        run_attention_backward(res, seed, args.quick, args.bwd_dtypes)
     if args.big:
         run_big(res, seed)
 
