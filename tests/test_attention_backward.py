@@ -513,7 +513,7 @@ def test_large_scores(backend, dtype, causal, seed):
     """Scores up to ±1e4 (q ~ 2500·N(0, 1)): P is nearly one-hot, exp2 of big differences
     underflows, dS is tiny next to the scores."""
     _on_this_device(backend)
-    _case(backend, 1, "gqa", 33, 40, 32, dtype, causal, seed, q_scale=2500.0, lse_grad=causal)
+    _case(backend, 2, "gqa", 33, 40, 32, dtype, causal, seed, q_scale=2500.0, lse_grad=causal)
 
 
 def _very_negative(backend, dtype, seed, d=32):
@@ -607,10 +607,12 @@ def test_kernel_tiles_and_offsets(tiles, offset, mode, dtype, monkeypatch, seed)
 
 
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DT.get)
 def test_interpreter_runs_the_cpu_rows(kernel, dtype):
-    """Under the interpreter the backward plans from configs.TRITON_ATTENTION_BACKWARD's "cpu" rows
-    (small tiles: several tiles at the CPU tests' shapes), not the GPU's."""
+    """Under the interpreter the 16-bit backward plans from configs.TRITON_ATTENTION_BACKWARD's
+    "cpu" rows (small tiles: several key and query tiles at the CPU tests' shapes), not the GPU's
+    (dK/dV tiles of 128 keys: one tile, so the CPU tests would not see the multi-tile paths).
+    float32 has its own small "any" rows, which the lookup may prefer."""
     if not INTERPRET or HAS_CUDA:
         pytest.skip("the interpreter's rows (CPU tensors under TRITON_INTERPRET=1)")
     from tiled_attn import configs
@@ -664,7 +666,7 @@ def test_deterministic(backend, deterministic, seed):
     dtype, d = torch.bfloat16, 40
     device = _require(backend, dtype, d)
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(2, 6, 2, 33, 40, d, dtype, device, gen)
+    q, k, v = _qkv(1, 4, 2, 33, 40, d, dtype, device, gen)
     go, gl = randn(q.shape, dtype, device, gen), randn(q.shape[:3], torch.float32, device, gen)
     runs = [_ours(q, k, v, go, gl, causal=True, backend=backend, deterministic=deterministic) for _ in range(2)]
     _assert_repeatable(runs, q, backend, deterministic, f"{backend} deterministic={deterministic}")

@@ -352,9 +352,27 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
-                               ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic)
+        with torch.no_grad():
+            dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
+                                   ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic)
+        if torch.is_grad_enabled():  # create_graph=True: a double backward must raise, not be wrong
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, grad_out)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The first-order gradients, made part of a graph whose backward raises: the attention
+    backward is not itself differentiable (its kernels treat out and lse as constants)."""
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, q, k, v, grad_out):
+        return dq.view_as(dq), dk.view_as(dk), dv.view_as(dv)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("tiled_attn.attention supports first-order gradients only: a double "
+                           "backward (create_graph=True, then differentiating the gradients) is "
+                           "not implemented")
 
 
 def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend, deterministic=False):

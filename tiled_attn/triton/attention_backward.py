@@ -30,9 +30,10 @@ def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, arch: 
     (offline compiles)."""
     arch = arch or configs.arch(device)
     for dt, a in itertools.product((configs.dtype_key(dtype), "*"), (arch, "any")):
-        row = configs.TRITON_ATTENTION_BACKWARD.get((kernel, a, dt, d_class(d)))
-        if row is not None:
-            return {**configs.TRITON_ATTENTION_BACKWARD_DEFAULTS, **row}
+        for dc in (d_class(d), "*"):  # the "cpu" rows hold for every head dim
+            row = configs.TRITON_ATTENTION_BACKWARD.get((kernel, a, dt, dc))
+            if row is not None:
+                return {**configs.TRITON_ATTENTION_BACKWARD_DEFAULTS, **row}
     raise KeyError(f"no TRITON_ATTENTION_BACKWARD config for {(kernel, arch, configs.dtype_key(dtype), d_class(d))}:"
                    " add a row to tiled_attn/configs.py")
 
@@ -94,7 +95,7 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     if atomic:
         store = Launch(attention_bwd_dq_store_kernel, (b * hq * delta_tiles,),
                        dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], WIDE=wide,
-                            num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                            UPCAST=dkdv["UPCAST"], num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
                        device).bind(*sdq, hq, n_q, scale, delta_tiles)
 
         def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):

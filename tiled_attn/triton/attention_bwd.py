@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import online
-from .attention_fwd import bf16_grid, kv_bounds
+from .attention_fwd import bf16_grid, kv_bounds, to_output
 
 
 @triton.jit
@@ -99,7 +99,7 @@ def attention_bwd_delta_kernel(
 
 @triton.jit
 def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_dom, q_tile,
-               do_tile, dq_tile, d_ok, cols, lo, hi, n_q, causal_offset, qk_scale, head_dim,
+               do_tile, dq_tile, d_ok, cols, lo, hi, n_q, n_k, causal_offset, qk_scale, head_dim,
                MASKED: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Fold query rows [lo, hi) of one head into (dk, dv) of the program's key tile. MASKED: apply
@@ -132,7 +132,9 @@ def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_q
         ds_dot = _to_dot(ds_t, q.dtype, UPCAST)
         dk = _dot_acc(dk, ds_dot, q, PRECISION)
         if ATOMIC_DQ:
-            # Keys past Nk were loaded as 0, so their (garbage) dS rows add nothing here.
+            # Keys past Nk (loaded as 0) score 0, whose p = exp(-lse) overflows to inf for a row
+            # of very negative scores, and inf·0 would be NaN in dS·K: zero their dS first.
+            ds_dot = tl.where((cols < n_k)[:, None], ds_dot, 0.0).to(ds_dot.dtype)
             dq = tl.dot(tl.trans(ds_dot), k, input_precision=PRECISION)
             tl.atomic_add(dq_src + m64 * head_dim + dq_tile, dq, mask=ld_mask, sem="relaxed")
     return dk, dv
@@ -203,21 +205,21 @@ def attention_bwd_dkdv_kernel(
         row0 = (b * n_heads + h) * n_q
         dq_src = DQacc + row0 * HEAD_DIM
         dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
-                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q, n_k,
                             causal_offset, qk_scale, HEAD_DIM, True, BLOCK_M, EVEN_D, PRECISION,
                             UPCAST, ATOMIC_DQ)
         dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
-                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q, n_k,
                             causal_offset, qk_scale, HEAD_DIM, False, BLOCK_M, EVEN_D, PRECISION,
                             UPCAST, ATOMIC_DQ)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + n64 * stride_dkn
              + offs_n[:, None] * stride_dkn + d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=kv_mask)
+             to_output(dk, DK.dtype.element_ty, UPCAST), mask=kv_mask)
     tl.store(DV + b * stride_dvb + kvh * stride_dvh + n64 * stride_dvn
              + offs_n[:, None] * stride_dvn + d[None, :] * stride_dvd,
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+             to_output(dv, DV.dtype.element_ty, UPCAST), mask=kv_mask)
 
 
 @triton.jit
@@ -324,13 +326,14 @@ def attention_bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm
              + offs_m[:, None] * stride_dqm + d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=mask)
+             to_output(dq, DQ.dtype.element_ty, UPCAST), mask=mask)
 
 
 @triton.jit
 def attention_bwd_dq_store_kernel(
         DQacc, DQ, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q, sm_scale, m_tiles,
-        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
+        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr,
+        UPCAST: tl.constexpr = False):
     """dQ = scale · the float32 accumulator the atomic dK/dV kernel filled, in dQ's dtype and
     strides."""
     pid = tl.program_id(0)
@@ -349,4 +352,4 @@ def attention_bwd_dq_store_kernel(
     acc = tl.load(DQacc + (bh.to(tl.int64) * n_q + m64) * HEAD_DIM + offs_m[:, None] * HEAD_DIM + d[None, :],
                   mask=mask, other=0.0)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm + offs_m[:, None] * stride_dqm
-             + d[None, :] * stride_dqd, (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+             + d[None, :] * stride_dqd, to_output(acc * sm_scale, DQ.dtype.element_ty, UPCAST), mask=mask)
