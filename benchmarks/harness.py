@@ -736,14 +736,13 @@ def attention_grad_reference(q, k, v, dout, causal: bool) -> tuple[tuple, str]:
 
 def attention_grads(attn, case: dict, inputs: tuple, cache: dict):
     """(dq, dk, dv) of attn(q, k, v) for the case's mode: "fwd+bwd" runs the forward and the
-    backward; "bwd" only the backward, of a forward made once per input set (kept in `cache`)."""
+    backward; "bwd" only the backward, of a forward made once per input set (kept in `cache`,
+    which the caller empties when the case changes: grad_provider)."""
     q, k, v, dout = inputs
     if case["mode"] == "bwd":
         key = (id(q), id(attn))
         hit = cache.get(key)
         if hit is None or hit[0] is not q:  # (an id can be reused once its tensor is freed)
-            if len(cache) >= 8:  # the input sets of one case (rotation): drop an older case's
-                cache.clear()
             leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
             hit = cache[key] = (q, leaves, attn(*leaves))
         _, leaves, out = hit
@@ -966,14 +965,23 @@ def sdpa(backend: str | None = None) -> Provider:
                     role="baseline")
 
 
-def grad_provider(name: str, attn_of_case, role: str = "ours", available=None, supports=None) -> Provider:
+def grad_provider(name: str, attn_of_case, role: str = "ours", available=None, supports=None,
+                  context=None) -> Provider:
     """Gradients of an attention function for the attention_backward suite: `attn_of_case(case)`
-    returns attn(q, k, v). Not CUDA-graph captured (autograd's graph is made per call; the eager
-    time is the headline anyway)."""
-    cache: dict = {}
+    returns attn(q, k, v), asked once per case (the same function for every call of the case, so
+    "bwd" finds its retained forwards: one per input set, however many sets rotate; dropped when
+    the case changes). `context(case)`, if given, is entered around each call, forward and
+    backward. Not CUDA-graph captured (autograd's graph is made per call; the eager time is the
+    headline anyway)."""
+    state: dict = {"case": None, "attn": None, "cache": {}}
 
     def fn(case, inputs):
-        return attention_grads(attn_of_case(case), case, inputs, cache)
+        key = tuple(sorted(case.items()))
+        if state["case"] != key:
+            state.update(case=key, attn=None, cache={})  # (the old forwards go first)
+            state["attn"] = attn_of_case(case)
+        with context(case) if context else contextlib.nullcontext():
+            return attention_grads(state["attn"], case, inputs, state["cache"])
     return Provider(name, _call_quietly(fn), role=role, available=available, supports=supports,
                     graphable=False)
 
@@ -1007,8 +1015,20 @@ def sdpa_grad(backend: str | None = None) -> Provider:
     return grad_provider("sdpa" if backend is None else f"sdpa-{backend}", attn_of_case, role="baseline")
 
 
+def _no_donated_buffers(case):
+    """"bwd" runs a compiled backward again on one retained graph, which AOTAutograd refuses for
+    a backward compiled with donated buffers (it may overwrite what it saved): off for the
+    compile and for each backward of that mode."""
+    if case["mode"] != "bwd":
+        return contextlib.nullcontext()
+    import torch._functorch.config as functorch_config
+    return functorch_config.patch(donated_buffer=False)
+
+
 def flex_attention_grad() -> Provider:
-    """FlexAttention forward + backward under torch.compile (compiled in the checked first call)."""
+    """FlexAttention forward + backward under torch.compile (compiled in the checked first call).
+    "fwd+bwd" runs torch.compile(flex_attention) as a user would; "bwd" a compile of its own
+    without donated buffers (_no_donated_buffers)."""
     state: dict = {}
 
     def attn_of_case(case):
@@ -1017,14 +1037,19 @@ def flex_attention_grad() -> Provider:
         if "f" not in state:
             _raise_recompile_limits()
             state["f"] = torch.compile(flex, dynamic=False)
-        causal = bool(case["causal"])
-        key = (case["N"], causal)
+
+            def retained(q, k, v, block_mask):  # its own code object, so its own compiles
+                return flex(q, k, v, block_mask=block_mask)
+            state["f_retained"] = torch.compile(retained, dynamic=False)
+        causal, bwd = bool(case["causal"]), case["mode"] == "bwd"
+        key = (case["N"], causal, bwd)
         if key not in state:
             mask = (create_block_mask(_causal_mod, None, None, case["N"], case["N"], device="cuda")
                     if causal else None)
-            state[key] = lambda q, k, v: state["f"](q, k, v, block_mask=mask)
+            f = state["f_retained" if bwd else "f"]
+            state[key] = lambda q, k, v: f(q, k, v, block_mask=mask)
         return state[key]
-    return grad_provider("flex", attn_of_case, role="baseline",
+    return grad_provider("flex", attn_of_case, role="baseline", context=_no_donated_buffers,
                          available=lambda d: None if d.type == "cuda" else "GPU suites only")
 
 

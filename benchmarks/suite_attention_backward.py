@@ -25,5 +25,7 @@ SUITE = h.Suite(
           "Checked before timing: dq, dk, dv against float64 autograd through the reference "
           "(float32, chunked per head, above 2^30 score elements), each under the 2x rule against "
           "SDPA's own bf16 gradients. Eager timing only (autograd is not CUDA-graph captured here). "
-          "backend='cuda' runs the same Triton backward, so it is not a separate line.",
+          "backend='cuda' runs the same Triton backward, so it is not a separate line. Flex's 'bwd' "
+          "line is a compile of its own without donated buffers (AOTAutograd refuses to run a "
+          "backward that donates its saved buffers twice on one retained graph).",
 )

@@ -313,6 +313,173 @@ def test_gpu_grid_matches_the_issue():
 
 
 # ----------------------------------------------------------------------------------------------
+# attention_backward (issue 13): the grid, the FLOP count, "bwd" without its forward, a CPU run
+# ----------------------------------------------------------------------------------------------
+def test_attention_backward_grid_matches_the_issue():
+    from benchmarks import suite_attention_backward as sab
+    s = sab.SUITE
+    cases = s.cases()
+    assert {(c["mode"], c["N"], c["D"], c["causal"]) for c in cases} == {
+        (m, n, d, c) for m in ("fwd+bwd", "bwd") for n in (1024, 4096, 16384) for d in (64, 128)
+        for c in (False, True)} and len(cases) == 24
+    assert all(c["B"] * c["N"] == 16384 and c["H"] * c["D"] == 2048 and c["dtype"] == "bf16"
+               for c in cases)
+    quick = s.cases(quick=True)
+    assert quick and all(c in cases for c in quick) and len(quick) < len(cases)
+    names = [p.name for p in s.providers]
+    assert names == ["default", "triton", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"]
+    assert {"sdpa", "sdpa-flash", "sdpa-cudnn", "flex"} <= set(s.baselines)
+    assert all(not p.graphable for p in s.providers)  # eager: autograd is not captured
+    assert s.device == "cuda" and s.op is h.ATTENTION_BACKWARD
+    # by hand: forward 4·B·H·N²·D, halved for causal; backward 2.5x that; fwd+bwd 3.5x
+    c = dict(B=1, H=16, N=16384, D=128, causal=True, mode="fwd+bwd", dtype="bf16")
+    assert h.ATTENTION_BACKWARD.work(c) == 3.5 * 4 * 16 * 16384 ** 2 * 128 / 2 == 3848290697216
+    c = dict(B=4, H=32, N=4096, D=64, causal=False, mode="bwd", dtype="bf16")
+    assert h.ATTENTION_BACKWARD.work(c) == 2.5 * 2 ** 39 == 1374389534720
+
+
+class CyclingTimer:
+    """Calls the provider `n` times, cycling the input sets like CudaTimer; a fixed 1 ms."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def measure(self, call, n_sets=1, graphable=True):
+        for i in range(self.n):
+            call(i % n_sets)
+        return h.Timing(1.0, self.n, "fake", None)
+
+
+def _counting_sdpa(counts):
+    class Count(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            counts["fwd"] += 1
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            counts["bwd"] += 1
+            return g
+    return lambda q, k, v: Count.apply(h.F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
+def test_attention_backward_bwd_mode_excludes_the_forward(monkeypatch, mode):
+    sets, calls = 10, 25  # more sets than the old 8-entry forward cache held
+    monkeypatch.setattr(h, "rotation_sets", lambda set_bytes, device: sets)
+    counts = {"fwd": 0, "bwd": 0}
+    sdpa_calls, ours_calls = [0], [0]
+    real_sdpa, real_attention = h._sdpa_default, h.ta.attention
+
+    def sdpa_counted(*a, **kw):
+        sdpa_calls[0] += 1
+        return real_sdpa(*a, **kw)
+
+    def attention_counted(*a, **kw):
+        ours_calls[0] += 1
+        return real_attention(*a, **kw)
+    monkeypatch.setattr(h, "_sdpa_default", sdpa_counted)
+    monkeypatch.setattr(h.ta, "attention", attention_counted)
+    suite = h.Suite(name="t", title="t", op=h.ATTENTION_BACKWARD, device="cpu", dtypes=("fp32",),
+                    shapes=[dict(B=1, H=2, N=16, D=8, causal=True, mode=mode)],
+                    providers=[h.grad_provider("counted", lambda c: _counting_sdpa(counts)),
+                               h.sdpa_grad(), h.ours_attention_grad("torch")],
+                    baselines=("sdpa",))
+    recs = _by_provider(h.run_suite(suite, _cfg(CyclingTimer(calls))))
+    assert {r["status"] for rs in recs.values() for r in rs} == {h.OK}
+    backwards = 1 + calls  # the checked call, then the timer's
+    # "bwd": one forward per input set, made before the first backward of that set
+    forwards = sets if mode == "bwd" else backwards
+    assert counts == {"fwd": forwards, "bwd": backwards}
+    assert sdpa_calls[0] == 1 + forwards  # + torch's own gradients for the rule
+    assert ours_calls[0] == forwards
+    assert recs["counted"][0]["n_sets"] == sets
+
+
+def test_attention_backward_forwards_dropped_with_the_case():
+    counts = {"fwd": 0, "bwd": 0}
+    p = h.grad_provider("counted", lambda c: _counting_sdpa(counts))
+    gen = torch.Generator().manual_seed(fresh_seed())
+    inputs = tuple(torch.randn(1, 2, 16, 8, generator=gen) for _ in range(4))
+    a = dict(B=1, H=2, N=16, D=8, causal=True, mode="bwd", dtype="fp32")
+    for case in (a, a, dict(a, D=9, N=16), a):  # a new case (even a key of its own) forwards again
+        p.fn(case, inputs)
+    assert counts == {"fwd": 3, "bwd": 4}
+
+
+def test_check_rule_per_gradient():
+    gen = torch.Generator().manual_seed(fresh_seed())
+    refs = tuple(torch.randn(4, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    e_torch = (1e-3, 1e-3, 1e-3)
+    outs = [r.float() for r in refs]
+    assert h.check_rule(tuple(outs), refs, e_torch, torch.float32).ok
+    outs[1] = outs[1] + 0.1  # dk wrong
+    check = h.check_rule(tuple(outs), refs, e_torch, torch.float32)
+    assert not check.ok and check.message.startswith("output 1:")
+    assert not h.check_rule(outs[0], refs, e_torch, torch.float32).ok  # one tensor for three
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_grad_reference_chunks_agree(monkeypatch, causal):
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, do = (torch.randn(2, 3, 5, 8, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 3, 7, 8, generator=gen) for _ in range(2))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    whole = torch.autograd.grad(reference.attention(*leaves, causal=causal), leaves, do.double())
+    monkeypatch.setattr(h, "REF_CHUNK_ELEMS", 5 * 7)  # one (batch, head) pair per chunk
+    grads, dtype = h.attention_grad_reference(q, k, v, do, causal)
+    assert dtype == "fp64"
+    for g, w in zip(grads, whole):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    monkeypatch.setattr(h, "REF_FLOAT64_MAX_SCORES", 10)
+    grads, dtype = h.attention_grad_reference(q, k, v, do, causal)
+    assert dtype == "fp32"
+    for g, w in zip(grads, whole):
+        torch.testing.assert_close(g.double(), w, rtol=0, atol=1e-5)
+
+
+def test_attention_backward_suite_end_to_end_on_cpu(tmp_path):
+    """The suite's own op, providers, baselines and plot on tiny CPU shapes (the Triton backward
+    in the interpreter), with one wrong provider; then the JSON, markdown and PNG writers."""
+    import dataclasses
+
+    from benchmarks import suite_attention_backward as sab
+    wrong = h.grad_provider("wrong", lambda c: lambda q, k, v: 1.25 * h._sdpa_default(q, k, v, c["causal"]))
+    shapes = [dict(B=2, H=2, N=n, D=16, causal=c, mode=m) for m in ("fwd+bwd", "bwd")
+              for c in (False, True) for n in (32, 48)]
+    suite = dataclasses.replace(sab.SUITE, device="cpu", shapes=shapes, quick_shapes=None,
+                                providers=list(sab.SUITE.providers) + [h.sdpa_grad("math"), wrong])
+    result = h.run_suite(suite, _cfg(FakeTimer()))
+    recs = _by_provider(result)
+    status = {name: {r["status"] for r in rs} for name, rs in recs.items()}
+    assert status == {"default": {h.OK}, "triton": {h.OK}, "sdpa": {h.OK}, "sdpa-flash": {h.OK},
+                      "sdpa-cudnn": {h.UNSUPPORTED}, "sdpa-efficient": {h.UNSUPPORTED},
+                      "flex": {h.UNAVAILABLE}, "sdpa-math": {h.OK}, "wrong": {h.FAILED}}
+    assert all(r["error"].startswith("output ") for r in recs["wrong"])
+    for r in recs["default"]:
+        assert r["ref_dtype"] == "fp64" and r["e_ours"] <= r["tol"]
+        assert set(r["ratios"]) == {"sdpa", "sdpa-flash"}  # the baselines that ran here
+        assert r["value"] == pytest.approx(h.ATTENTION_BACKWARD.work(r["case"]) / 1e-3 / 1e12)
+    run = _run_dict([result])
+    loaded = json.loads(report.write_json(run, tmp_path / "r.json").read_text())
+    assert {r["case"]["mode"] for r in loaded["suites"][0]["records"]} == {"fwd+bwd", "bwd"}
+    png = report.plot_suite(result, run["ceilings"]["cpu"], tmp_path / "p.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    md = report.write_markdown(run, tmp_path / "r.md", {suite.name: png.name}).read_text()
+    assert "| case | default |" in md and "bwd D=16 N=48 B=2 H=2 causal bf16" in md
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message a CPU-only machine gives")
+def test_attention_backward_is_a_gpu_suite(capsys):
+    assert "attention_backward" in cli.GPU_SUITES
+    assert "attention_backward" in cli._suite_names(cli.parse_args(["--suite", "gpu"]), True)
+    assert cli.main(["--suite", "attention-backward", "--quick"]) == 2
+    out = capsys.readouterr().out
+    assert "attention_backward" in out and "need a CUDA GPU" in out
+
+
+# ----------------------------------------------------------------------------------------------
 # The command line
 # ----------------------------------------------------------------------------------------------
 def test_cpu_suite_end_to_end_quick(tmp_path, monkeypatch):
