@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import tiled_attn as ta
 from tiled_attn import configs
-from helpers import HAS_CUDA, assert_rule, randn
+from helpers import HAS_CUDA, INTERPRET, assert_rule, randn
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 ATTN = sys.modules["tiled_attn.attention"]  # the module (ta.attention is the function)
@@ -161,37 +161,79 @@ def test_dropout_routes_to_torch(seed, kernel_calls):
     assert kernel_calls == []
 
 
-def test_requires_grad_runs_our_backward(seed, kernel_calls, backward_calls, monkeypatch):
-    """A call that needs a gradient runs our forward and backward plans (on the CPU, where
-    backend=None would be torch's own SDPA, the torch backend is forced in its place), and the
-    gradients follow the rule against float64 autograd; torch's own op in float32 is the e_torch."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(ATTN, "_backend_for", lambda *a: "torch")
+# Inputs that need a gradient, as (leaves, make, kwargs): make(*leaves) -> (q, k, v).
+# "gqa": (B, H, N, D) leaves, GQA, top-left causal with Nq < Nk (bottom-right would differ);
+# "packed": q, k, v strided views of one (B, N, 3, H, D) fused projection (their gradients are not
+# dense: our backward writes them through a (B, N, H, D) layout); "3-D": batchless (H, L, E)
+# inputs, run as (1, H, L, E) views.
+# float16: the rule holds for 16-bit gradients as it is; float32's figure at these tiny sizes needs
+# the first-order recompute slack of tests/test_attention_backward.py (torch's float32 error can be
+# its final rounding alone), so its gradients are tested there.
+GRAD_DTYPE = torch.float16
+
+
+def _grad_case(layout, gen):
+    if layout == "gqa":
+        leaves = _qkv((2, 4, 10, 16), (2, 2, 14, 16), GRAD_DTYPE, gen)
+        return leaves, (lambda q, k, v: (q, k, v)), dict(is_causal=True, enable_gqa=True)
+    if layout == "packed":
+        leaves = (randn((2, 9, 3, 2, 16), GRAD_DTYPE, DEVICE, gen),)
+        return leaves, (lambda x: tuple(t.transpose(1, 2) for t in x.unbind(2))), dict(is_causal=True)
+    leaves = _qkv((4, 7, 16), (4, 12, 16), GRAD_DTYPE, gen)
+    return leaves, (lambda q, k, v: (q, k, v)), {}
+
+
+@pytest.mark.parametrize("layout", ["gqa", "packed", "3-D"])
+@pytest.mark.parametrize("backend", [None, "torch", "triton"])
+def test_requires_grad_runs_our_backward(backend, layout, seed, kernel_calls, backward_calls, monkeypatch):
+    """A call that needs a gradient runs our forward and backward plans, and the gradients follow
+    the rule against float64 autograd (torch's own op in float16 is the e_torch). backend None is
+    what a user gets: triton on CUDA; on the CPU torch's own SDPA (NATIVE), whose autograd then
+    gives exactly torch's gradients and no backward plan of ours runs. "torch"/"triton" force that
+    backend in backend None's place (_backend_for), proving our backward on the CPU too."""
+    if backend == "triton" and not (HAS_CUDA or INTERPRET):
+        pytest.skip("the triton backend needs CUDA or the interpreter")
+    if backend is not None:
+        monkeypatch.setattr(ATTN, "_backend_for", lambda *a: backend)
+    expected = backend or DEFAULT_BACKEND
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (t.requires_grad_() for t in _qkv((2, 4, 10, 16), (2, 2, 14, 16), torch.float32, gen))
-    ours = ta.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    dout = randn(ours.shape, torch.float32, DEVICE, gen)
-    g_ours = torch.autograd.grad(ours, (q, k, v), dout)
-    assert len(kernel_calls) == 1 and kernel_calls[0] != ATTN.NATIVE
-    assert backward_calls == kernel_calls
-    q6, k6, v6 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    g_ref = torch.autograd.grad(F.scaled_dot_product_attention(q6, k6, v6, is_causal=True, enable_gqa=True),
-                                (q6, k6, v6), dout.double())
-    g_torch = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-                                  (q, k, v), dout)
-    for name, a, r, t in zip("qkv", g_ours, g_ref, g_torch):
-        assert_rule(a, r, t, dtype=torch.float32, seed=seed, what=f"d{name}")
+    leaves, make, kw = _grad_case(layout, gen)
+    leaves = [t.requires_grad_() for t in leaves]
+    ours = ta.scaled_dot_product_attention(*make(*leaves), **kw)
+    dout = randn(ours.shape, GRAD_DTYPE, DEVICE, gen)
+    g_ours = torch.autograd.grad(ours, leaves, dout)
+    assert kernel_calls == [expected]
+    assert backward_calls == ([] if expected == ATTN.NATIVE else [expected])
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    g_ref = torch.autograd.grad(F.scaled_dot_product_attention(*make(*l64), **kw), l64, dout.double())
+    g_torch = torch.autograd.grad(F.scaled_dot_product_attention(*make(*leaves), **kw), leaves, dout)
+    for i, (a, r, t) in enumerate(zip(g_ours, g_ref, g_torch)):
+        assert a.shape == r.shape and a.dtype == GRAD_DTYPE
+        if expected == ATTN.NATIVE and layout != "3-D":  # 3-D: torch's call on (1, H, L, E) views
+            assert torch.equal(a, t), f"gradient {i}: torch's own SDPA gives torch's gradient"
+        assert_rule(a, r, t, dtype=GRAD_DTYPE, seed=seed, what=f"{layout} gradient {i}")
 
 
-def test_requires_grad_with_a_mask_still_goes_to_torch(seed, kernel_calls, backward_calls):
+@pytest.mark.parametrize("why", ["attn_mask", "dropout_p"])
+def test_requires_grad_what_ours_does_not_cover_still_goes_to_torch(why, seed, kernel_calls, backward_calls):
+    """A mask tensor or dropout with inputs that need a gradient: torch's own SDPA forward and
+    backward, bitwise (the same RNG draws for dropout), and no plan of ours."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (t.requires_grad_() for t in _qkv((2, 2, 6, 16), (2, 2, 6, 16), torch.float32, gen))
-    mask = torch.rand(6, 6, generator=gen).to(DEVICE) > 0.3
-    mask[:, 0] = True
-    ours = ta.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert torch.equal(ours, theirs)
-    ours.sum().backward()
+    dout = randn((2, 2, 6, 16), torch.float32, DEVICE, gen)
+    if why == "attn_mask":
+        mask = torch.rand(6, 6, generator=gen).to(DEVICE) > 0.3
+        mask[:, 0] = True
+        kw = dict(attn_mask=mask)
+    else:
+        kw = dict(dropout_p=0.5, is_causal=True)
+    results = []
+    for fn in (ta.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        torch.manual_seed(seed)
+        out = fn(q, k, v, **kw)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
     assert kernel_calls == [] and backward_calls == []
 
 

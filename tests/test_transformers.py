@@ -10,8 +10,10 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tiled_attn as ta
+from tiled_attn import configs
 from helpers import HAS_CUDA, assert_rule
 
 transformers = pytest.importorskip("transformers")
@@ -19,7 +21,6 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPE = torch.bfloat16 if HAS_CUDA else torch.float32
-ATTN_NATIVE = "native"
 
 
 def _models(seed):
@@ -101,27 +102,36 @@ def test_importing_tiled_attn_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_training_step_runs_our_kernels(seed, kernel_calls, backward_calls, monkeypatch):
-    """A training step of the "tiled_attn" model runs our forward and backward plans (on the CPU,
-    where backend=None would be torch's own SDPA, the torch backend is forced in its place); its
-    loss and gradients follow the rule against the float64 "sdpa" model, with the "sdpa" model
-    in the same dtype as torch's own error."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(sys.modules["tiled_attn.attention"], "_backend_for", lambda *a: "torch")
+# The backend a training step of ours runs: backend None's on CUDA (triton); on the CPU, where None
+# is torch's own SDPA, the torch and triton (interpreter) backends forced in its place.
+TRAIN_BACKENDS = [None] if HAS_CUDA else ["torch", "triton"]
+
+
+@pytest.mark.parametrize("backend", TRAIN_BACKENDS)
+def test_training_step_runs_our_kernels(backend, seed, kernel_calls, backward_calls, monkeypatch):
+    """A training step of the "tiled_attn" model (train mode, a next-token loss, backward) runs
+    our forward and backward plans, one each per layer; its per-token losses and the gradients of
+    every attention projection follow the rule against the float64 "sdpa" model, with the "sdpa"
+    model in the same dtype as torch's own error (per token: a scalar loss's error can be 0 for
+    torch by luck of its last rounding)."""
+    if backend is not None:
+        monkeypatch.setattr(sys.modules["tiled_attn.attention"], "_backend_for", lambda *a: backend)
     ours, theirs, ref = _models(seed)
-    ids, _ = _inputs(seed)
+    ids, _ = _inputs(seed, batch=2, n=13)
     losses, grads = [], []
     for m in (ours, theirs, ref):
         m.train()
-        loss = m(input_ids=ids, labels=ids).loss
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append([m.model.layers[i].self_attn.q_proj.weight.grad for i in range(2)]
-                     + [m.model.layers[0].self_attn.k_proj.weight.grad])
+        logits = m(input_ids=ids).logits
+        per_token = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(),
+                                    reduction="none")
+        per_token.mean().backward()
+        losses.append(per_token.detach())
+        grads.append([getattr(layer.self_attn, name).weight.grad for layer in m.model.layers
+                      for name in ("q_proj", "k_proj", "v_proj", "o_proj")])
         m.eval()
-    assert len(kernel_calls) == 2 and ATTN_NATIVE not in kernel_calls  # one per layer
-    assert backward_calls == kernel_calls
-    assert_rule(losses[0], losses[2], losses[1], dtype=DTYPE, seed=seed, what="loss")
+    expected = backend or configs.DEFAULT_BACKEND[("attention", DEVICE)]
+    assert kernel_calls == [expected] * 2  # one forward plan per layer, ours (not "native")
+    assert backward_calls == [expected] * 2
+    assert_rule(losses[0], losses[2], losses[1], dtype=DTYPE, seed=seed, what="per-token loss")
     for i, (a, r, t) in enumerate(zip(grads[0], grads[2], grads[1])):
-        assert_rule(a, r, t, dtype=DTYPE, seed=seed, what=f"gradient {i}")
-
+        assert_rule(a, r, t, dtype=DTYPE, seed=seed, what=f"gradient {i} (layer {i // 4})")
