@@ -33,9 +33,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _plan, configs, reference
+from . import _checks, _mods, _plan, configs, reference
+from ._mods import Mods
 
-__all__ = ["attention", "scaled_dot_product_attention"]
+__all__ = ["attention", "scaled_dot_product_attention", "masked_attention", "Mods"]
 
 # backend=None on the CPU: torch's own F.scaled_dot_product_attention (not a name users pass).
 NATIVE = "native"
@@ -84,11 +85,12 @@ class AttentionPlan:
     """A validated signature's forward: the backend, the outputs' layout and the launches."""
 
     __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
-                 "causal", "offset", "empty", "run", "native_kw")
+                 "causal", "offset", "empty", "run", "native_kw", "mods")
 
-    def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str):
+    def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str,
+                 mods: Mods | None = None):
         self.backend, self.scale = backend, scale
-        self.causal, self.offset = causal, causal_offset
+        self.causal, self.offset, self.mods = causal, causal_offset, mods
         out, lse = _alloc(q, v)
         self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), q.dtype, q.device
         self.lse_size, self.lse_stride = lse.shape, lse.stride()
@@ -103,20 +105,21 @@ class AttentionPlan:
             self.run = self._run_reference
         elif backend == "triton":
             from .triton import attention as triton_attention
-            self.run = triton_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset)
+            self.run = triton_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset, mods=mods)
         elif backend == "cuda":
             from .cuda import attention as cuda_attention
             self.run = cuda_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset)
         else:
             raise AssertionError(backend)
 
-    def _run_reference(self, q, k, v, out, lse):
+    def _run_reference(self, q, k, v, out, lse, slopes=None, key_mask=None):
+        kw = {} if self.mods is None else _mods.reference_kwargs(self.mods, slopes, key_mask)
         o, l = reference.blockwise_attention(q, k, v, causal=self.causal, scale=self.scale,
-                                             return_lse=True, causal_offset=self.offset)
+                                             return_lse=True, causal_offset=self.offset, **kw)
         out.copy_(o)
         lse.copy_(l)
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, *extras):
         """(out, lse); lse is None on the native path (planned only where no lse is asked for)."""
         if self.native_kw is not None:
             return F.scaled_dot_product_attention(q, k, v, **self.native_kw), None
@@ -126,7 +129,7 @@ class AttentionPlan:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
         if self.run is not None:
-            self.run(q, k, v, out, lse)
+            self.run(q, k, v, out, lse, *extras)
         elif self.empty == "keys":
             out.zero_()
             lse.fill_(float("-inf"))
@@ -145,9 +148,11 @@ def _native_kwargs(q, k, scale: float, causal: bool, causal_offset: int) -> dict
     return kw
 
 
-def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend) -> str:
+def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend, mods=None) -> str:
     if backend is not None:
         return backend
+    if mods is not None:  # torch's SDPA has no window/softcap/ALiBi of ours: the torch backend on the CPU
+        return _default_backend(q)
     nq, nk = q.shape[2], k.shape[2]
     # Masks torch's SDPA states: none, top-left (offset 0) or bottom-right (offset Nk - Nq), where
     # every row sees a key (so its result is defined and the same as ours).
@@ -160,30 +165,34 @@ def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend
 _PLANS = _plan.PlanCache("attention")
 
 
-def _plan_for(q, k, v, scale, causal: bool, causal_offset: int, need_lse: bool, backend):
+def _plan_for(q, k, v, scale, causal: bool, causal_offset: int, need_lse: bool, backend, mods=None):
     """The plan of this call's signature (plain tensors): a hit means the same signature was
-    validated before; a miss validates (DESIGN §5) and plans."""
+    validated before; a miss validates (DESIGN §5) and plans. `mods` (validated by the caller,
+    tiled_attn/_mods.py) is part of the signature."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
            q.device, k.device, v.device, scale, type(scale), causal, type(causal), causal_offset, need_lse,
-           backend)
+           backend, mods)
     try:
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable argument: validation names it
         key = plan = None
     if plan is None:
-        scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend)
-        plan = _PLANS.put(key, AttentionPlan(q, k, v, scale, causal, causal_offset, backend))
+        scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend, mods)
+        plan = _PLANS.put(key, AttentionPlan(q, k, v, scale, causal, causal_offset, backend, mods))
     return plan
 
 
-def _resolve(q, k, v, scale, causal, causal_offset: int, need_lse: bool, backend) -> tuple[float, str]:
+def _resolve(q, k, v, scale, causal, causal_offset: int, need_lse: bool, backend, mods=None) -> tuple[float, str]:
     """Validate (DESIGN §5) and pick what runs: (scale, backend). Loads the CUDA extension when
     that backend is chosen (a plan is being made, or a traced call)."""
     _checks.check_attention(q, k, v, scale, backend)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if mods is not None and backend == "cuda":
+        raise ValueError("backend='cuda' has no window, softcap, alibi_slopes, key mask, varlen or KV "
+                         "cache: use backend=None or backend='triton' for these")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend)
+    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend, mods)
     if backend == "cuda":
         from . import cuda
         cuda.require_attention(q)
@@ -223,7 +232,9 @@ def _grad_needed(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _forward(q, k, v, scale, causal, causal_offset, backend):
+def _forward(q, k, v, scale, causal, causal_offset, backend, mods=None, extras=()):
+    if mods is not None:
+        return _plan_for(q, k, v, scale, causal, causal_offset, True, backend, mods).forward(q, k, v, *extras)
     if _plain(q, k, v):
         return _plan_for(q, k, v, scale, causal, causal_offset, True, backend).forward(q, k, v)
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)
@@ -239,11 +250,12 @@ class AttentionBackwardPlan:
     (reference.blockwise_attention_backward). The Triton dQ is its own pass (bitwise-repeatable)
     or float32 atomics, by the config row; `deterministic` forces the pass."""
 
-    __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts")
+    __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods")
 
     def __init__(self, q, k, v, out, grad_out, scale: float, causal: bool, causal_offset: int,
-                 has_dlse: bool, backend: str, deterministic: bool):
+                 has_dlse: bool, backend: str, deterministic: bool, mods: Mods | None = None):
         self.backend, self.scale, self.causal, self.offset = backend, scale, causal, causal_offset
+        self.mods = mods
         grads = [_grad_alloc(t) for t in (q, k, v)]
         self.layouts = [(g.shape, g.stride()) for g in grads]
         # No query rows or no keys: nothing flows (every gradient is zero).
@@ -255,43 +267,45 @@ class AttentionBackwardPlan:
             raise AssertionError(backend)
         from .triton import attention_backward as triton_backward
         self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
-                                                 causal_offset, has_dlse, deterministic)
+                                                 causal_offset, has_dlse, deterministic, mods=mods)
 
-    def backward(self, q, k, v, out, lse, grad_out, grad_lse):
+    def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
                       for (size, stride), t in zip(self.layouts, (q, k, v)))
         if self.empty:
             return dq.zero_(), dk.zero_(), dv.zero_()
         if self.run is None:  # the torch backend
+            kw = {} if self.mods is None else _mods.reference_kwargs(self.mods, *(extras + (None, None))[:2])
             grads = reference.blockwise_attention_backward(q, k, v, out, lse, grad_out, grad_lse,
-                                                           self.causal, self.scale, self.offset)
+                                                           self.causal, self.scale, self.offset, **kw)
             for g, r in zip((dq, dk, dv), grads):
                 g.copy_(r)
             return dq, dk, dv
         if _checks.POISON_OUTPUTS:
             for g in (dq, dk, dv):
                 g.fill_(float("nan"))
-        self.run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)
+        self.run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv, *extras)
         return dq, dk, dv
 
 
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")
 
 
-def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic):
+def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic,
+                   mods=None):
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), grad_out.stride(),
            None if grad_lse is None else grad_lse.stride(), q.dtype, q.device, scale, causal,
-           causal_offset, backend, deterministic)
+           causal_offset, backend, deterministic, mods)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         plan = _BACKWARD_PLANS.put(key, AttentionBackwardPlan(q, k, v, out, grad_out, scale, causal,
                                                               causal_offset, grad_lse is not None, backend,
-                                                              deterministic))
+                                                              deterministic, mods))
     return plan
 
 
 def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
-                   deterministic):
+                   deterministic, mods=None, extras=()):
     # Autograd hands what the graph made: a gradient of another dtype (autocast, a float32 loss)
     # or an lse gradient with any layout. The kernels read dO through its strides (an expanded
     # gradient, stride 0, is read in place) and dlse as a contiguous float32 (B, H, Nq).
@@ -300,7 +314,7 @@ def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_
     if grad_lse is not None:
         grad_lse = grad_lse.to(lse.dtype).contiguous()
     return _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset,
-                          backend, deterministic).backward(q, k, v, out, lse, grad_out, grad_lse)
+                          backend, deterministic, mods).backward(q, k, v, out, lse, grad_out, grad_lse, *extras)
 
 
 torch.library.define("tiled_attn::attention_bwd",
@@ -324,7 +338,11 @@ def _(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backe
 _attention_bwd_op = torch.ops.tiled_attn.attention_bwd.default
 
 
-def _backward(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend, deterministic):
+def _backward(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend, deterministic,
+              mods=None, extras=()):
+    if mods is not None:
+        return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
+                              deterministic, mods, extras)
     if (_plain(q, k, v) and type(grad_out) is _Tensor and type(out) is _Tensor
             and (grad_lse is None or type(grad_lse) is _Tensor)):
         return _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
@@ -340,24 +358,26 @@ class _Attention(torch.autograd.Function):
     `deterministic`: bitwise-repeatable gradients (the Triton dQ by its own pass, no atomics)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic):
-        out, lse = _forward(q, k, v, scale, causal, causal_offset, backend)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic, mods=None,
+                *extras):
+        out, lse = _forward(q, k, v, scale, causal, causal_offset, backend, mods, extras)
+        ctx.save_for_backward(q, k, v, out, lse, *extras)
         ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, backend
-        ctx.lse_grad, ctx.deterministic = lse_grad, deterministic
+        ctx.lse_grad, ctx.deterministic, ctx.mods, ctx.n_extras = lse_grad, deterministic, mods, len(extras)
         if not lse_grad:
             ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *extras = ctx.saved_tensors
         with torch.no_grad():
             dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
-                                   ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic)
+                                   ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic,
+                                   ctx.mods, tuple(extras))
         if torch.is_grad_enabled():  # create_graph=True: a double backward must raise, not be wrong
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, grad_out)
-        return dq, dk, dv, None, None, None, None, None, None
+        return (dq, dk, dv, None, None, None, None, None, None, None) + (None,) * ctx.n_extras
 
 
 class _NoDoubleBackward(torch.autograd.Function):
@@ -390,8 +410,9 @@ def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend, determinis
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, return_lse: bool = False, deterministic: bool = False,
-              backend: str | None = None):
+              scale: float | None = None, window=None, softcap: float | None = None,
+              alibi_slopes: torch.Tensor | None = None, return_lse: bool = False,
+              deterministic: bool = False, backend: str | None = None):
     """softmax(q kᵀ · scale) v, blocked, with the online softmax fused into the key loop.
 
     Args:
@@ -400,6 +421,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         causal: bottom-right aligned like flash-attn ≥ 2.1: query i sees key j iff
            j <= i + Nk − Nq. Rows that see no key (Nq > Nk) give output 0 and lse -inf.
         scale: defaults to 1/sqrt(D).
+        window: (left, right), flash-attn's window_size: query i sees keys j with
+           i + Nk − Nq − left <= j <= i + Nk − Nq + right; -1 leaves a side unbounded. With
+           causal=True the right edge is 0 whatever right says. Key tiles outside every row's
+           window are never visited, so the cost grows with the window, not with Nk.
+        softcap: c > 0 turns the scaled scores s into c·tanh(s / c) before the softmax (Gemma 2).
+        alibi_slopes: float32 (Hq,) or (B, Hq): adds −slope·|i + Nk − Nq − j| to the (capped) scores.
         return_lse: also return lse (B, Hq, Nq) float32, natural log of Σ_j exp(scale·q·k_j).
         backend: None (the fastest measured for the device: "triton" on CUDA; on the CPU torch's
            own SDPA where it computes the same, else "torch"), "triton", "cuda", "torch"
@@ -421,6 +448,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         offset = k.shape[2] - q.shape[2]
     except (AttributeError, IndexError, TypeError):
         offset = 0  # not 4-D tensors: validation names what is wrong
+    if window is not None or softcap is not None or alibi_slopes is not None:
+        _checks.check_attention(q, k, v, scale, backend)
+        mods = _mods.make(window, softcap, alibi_slopes, q, q.shape[0])
+        if not mods.plain:
+            out, lse = _attention_mods(q, k, v, scale, causal, offset, return_lse, backend, deterministic,
+                                       mods, (alibi_slopes, None))
+            return (out, lse) if return_lse else out
     if _plain(q, k, v):
         plan = _plan_for(q, k, v, scale, causal, offset, return_lse, backend)
         if plan.native_kw is not None or not _grad_needed(q, k, v):
@@ -431,6 +465,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend, deterministic)
     return (out, lse) if return_lse else out
+
+
+@torch.compiler.disable(recursive=False)
+def _attention_mods(q, k, v, scale, causal, offset: int, need_lse: bool, backend, deterministic: bool,
+                    mods: Mods, extras: tuple):
+    """ta.attention / masked_attention with a window, softcap, ALiBi or a key mask: the plan of
+    the signature plus mods, our autograd where a gradient is needed. (Not traced by torch.compile:
+    a graph break, the call itself runs eagerly.)"""
+    plan = _plan_for(q, k, v, scale, causal, offset, need_lse, backend, mods)
+    if not _grad_needed(q, k, v):
+        return plan.forward(q, k, v, *extras)
+    return _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend, need_lse, deterministic, mods,
+                            *extras)
+
+
+def masked_attention(q, k, v, key_mask, *, causal: bool = False, causal_offset: int = 0, scale=None,
+                     softcap=None, window=None, backend=None):
+    """Attention with a per-key mask shared by every head and query of a batch row (padding):
+    `key_mask` (B, Nk) bool (True: attend) or float (added to the scores), any strides.
+    `causal_offset` aligns causal and the window (0: torch's top-left is_causal; Nk − Nq:
+    bottom-right). For ta.scaled_dot_product_attention's key-padding masks and transformers'
+    padded batches; rows that see no key give 0. Differentiable in q, k, v."""
+    _checks.check_attention(q, k, v, scale, backend)
+    if not isinstance(key_mask, torch.Tensor):
+        raise TypeError(f"key_mask must be a tensor, got {type(key_mask).__name__}")
+    b, nk = q.shape[0], k.shape[2]
+    if key_mask.dim() != 2 or key_mask.shape[1] != nk or key_mask.shape[0] not in (1, b):
+        raise ValueError(f"key_mask must have shape (B, Nk) = ({b}, {nk}) (or (1, Nk)), got {tuple(key_mask.shape)}")
+    if key_mask.device != q.device:
+        raise ValueError(f"key_mask must be on q's device {q.device}, got {key_mask.device}")
+    if key_mask.dtype == torch.bool:
+        kind = 1
+    elif key_mask.is_floating_point():
+        kind = 2
+    else:
+        raise TypeError(f"key_mask must be bool or floating point, got {_checks._dtype_name(key_mask.dtype)}")
+    key_mask = key_mask.expand(b, nk)
+    strides = (key_mask.stride(0) if b > 1 else 0, key_mask.stride(1))
+    mods = _mods.make(window, softcap, None, q, b, key_mask=kind, mask_strides=strides)
+    out, _ = _attention_mods(q, k, v, scale, bool(causal), int(causal_offset), False, backend, False, mods,
+                             (None, key_mask))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ import torch
 from .. import _plan, configs
 from . import online
 from .launch import Launch, interpreted
-from .attention_decode import attention_decode_kernel, attention_merge_kernel
-from .attention_fwd import attention_fwd_kernel
+from .attention_decode import attention_decode_ext_kernel, attention_decode_kernel, attention_merge_kernel
+from .attention_fwd import attention_fwd_ext_kernel, attention_fwd_kernel
 
 __all__ = ["plan_forward", "attention_forward", "config", "plan"]
 
@@ -210,9 +210,14 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 
 
 def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
-                 kernel: str | None = None, num_splits: int | None = None):
+                 kernel: str | None = None, num_splits: int | None = None, mods=None):
     """run(q, k, v, out, lse): the launches of attention of q over k, v into out (B, Hq, Nq, D) and
-    lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc)."""
+    lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc).
+    With `mods` (tiled_attn.attention.Mods: a window, softcap, ALiBi, a key mask, packed sequences,
+    a KV cache) the plan is plan_forward_ext's and run takes the extra tensors too."""
+    if mods is not None:
+        return plan_forward_ext(q, k, v, out, lse, scale, causal, causal_offset, mods, kernel=kernel,
+                                num_splits=num_splits)
     interpret = q.device.type != "cuda" or interpreted(attention_fwd_kernel)
     lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0, interpret)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
@@ -264,9 +269,127 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
     return run
 
 
+def _window_flags(mods, causal: bool, offset: int, n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
+    """(HAS_LEFT, HAS_RIGHT, left, right) for the kernels: causal is a right edge at 0; an edge
+    that no row can reach is dropped (its masked band would cost time for nothing), and a kept one
+    is clamped so that i + offset ± edge stays far inside int32. Per-sequence alignments (varlen, a
+    KV cache) keep every edge that some sequence could reach."""
+    left = mods.left
+    right = 0 if causal else mods.right
+    per_seq = mods.varlen is not None or mods.seq_k
+    span = n_q + n_k + 1  # |i + offset - j| never exceeds it
+    has_left = left >= 0 and left < span and (per_seq or n_q - 1 + offset - left > 0)
+    has_right = right >= 0 and right < span and (per_seq or offset + right < n_k - 1)
+    return has_left, has_right, left if has_left else 0, right if has_right else 0
+
+
+def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, mods, *,
+                     kernel: str | None = None, num_splits: int | None = None):
+    """run(q, k, v, out, lse, slopes, key_mask, cu_q, cu_k, seq_k, block_table): the forward with
+    `mods` (tiled_attn.attention.Mods) through attention_fwd_ext_kernel / attention_decode_ext_kernel.
+    Tensors a call does not use are None. Shapes as the dense plan's, except: varlen q/k/v/out are
+    (1, H, total, D) views (the grid runs mods.varlen's n_seqs sequences, the query tiles of the
+    longest) and lse is (Hq, total_q); a paged K/V is (pages, page_size, Hkv, D) seen as
+    (pages, Hkv, page_size, D)."""
+    interpret = q.device.type != "cuda" or interpreted(attention_fwd_ext_kernel)
+    d = q.shape[-1]
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    if mods.varlen is not None:
+        b, n_q_tiles, n_k_cap = mods.varlen[0], mods.varlen[1], mods.varlen[2]
+        n_q, n_k = q.shape[2], k.shape[2]  # the totals: indices are clamped into them
+        kernel = "fwd"
+    else:
+        b, n_q = q.shape[0], q.shape[2]
+        n_q_tiles = n_q
+        n_k = n_k_cap = mods.paged[0] * mods.paged[3] if mods.paged is not None else k.shape[2]
+    offset = causal_offset
+    has_left, has_right, left, right = _window_flags(mods, causal, offset, n_q_tiles, n_k_cap)
+    fp32 = q.dtype == torch.float32
+    upcast = q.dtype == torch.bfloat16 and interpret
+    mods_scores = mods.softcap > 0 or mods.alibi_stride >= 0 or mods.key_mask == 2
+    if kernel is None:
+        dec = config("decode", q.device, q.dtype, d, has_right, n_k_cap)
+        kernel = "decode" if n_q * group <= dec["max_rows"] or n_q <= dec["max_q"] else "fwd"
+    cfg = config(kernel, q.device, q.dtype, d, has_right, n_k_cap)
+    block_d = max(MIN_DOT, _pow2(d))
+    raw = scale > 0 and not mods_scores and (bool(cfg["FMA"]) or fp32)
+    const = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, BLOCK_N=cfg["BLOCK_N"], HEAD_DIM=d,
+                 BLOCK_D=block_d, EVEN_D=block_d == d, PRECISION="ieee" if fp32 or upcast else "tf32",
+                 UPCAST=upcast, RAW=raw, FMA=raw and bool(cfg["FMA"]), LATE_L=bool(cfg["LATE_L"]),
+                 SPLIT_D=block_d // SPLIT_D_CHUNK if fp32 else 1, ACCURATE=fp32,
+                 ADDR="offs" if cfg["ADDR"] == "tma" or mods.paged is not None else cfg["ADDR"],
+                 SOFTCAP=mods.softcap > 0, ALIBI=mods.alibi_stride >= 0, KEY_MASK=mods.key_mask,
+                 SEQ_K=mods.seq_k, PAGED=mods.paged is not None,
+                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
+    if mods.varlen is not None:  # one packed sequence per "batch": no batch stride
+        sq, sk, sv, so = ((0,) + tuple(t[1:]) for t in (sq, sk, sv, so))
+    wide = max(max(sq), max(sk), max(sv), max(so)) >= WIDE_STRIDE
+    cap = mods.softcap
+    cap_in, cap_out = (scale / cap, cap * online.LOG2E) if cap > 0 else (1.0, 1.0)
+    page_size, n_pages, stride_tb = mods.paged[:3] if mods.paged is not None else (1, 1, 0)
+    stride_mb, stride_mn = mods.mask_strides
+    ext = (*sq, *sk, *sv, *so, max(mods.alibi_stride, 0), stride_mb, stride_mn, stride_tb, page_size, n_pages,
+           hq, group, n_q, n_k, offset, left, right, scale * online.LOG2E, cap_in, cap_out)
+    device = q.device
+
+    bool_mask = mods.key_mask == 1  # read as bytes
+
+    def pick(*tensors):  # unused pointers: any tensor of the call (never read)
+        return tuple(out if t is None else t for t in tensors)
+
+    if kernel == "fwd":
+        m_tiles = _cdiv(n_q_tiles, cfg["BLOCK_M"])
+        const.update(BLOCK_M=cfg["BLOCK_M"], VARLEN=mods.varlen is not None)
+        launch = Launch(attention_fwd_ext_kernel, (b * hq * m_tiles,), dict(const, WIDE=wide), device).bind(
+            *ext, m_tiles)
+
+        def run(q, k, v, out, lse, slopes=None, key_mask=None, cu_q=None, cu_k=None, seq_k=None, table=None):
+            if bool_mask:
+                key_mask = key_mask.view(torch.uint8)
+            launch(q, k, v, out, lse, *pick(slopes, key_mask, cu_q, cu_k, seq_k, table))
+        return run
+
+    # Split-KV decode: the GQA group packed into the rows, keys split over programs.
+    rows_per = n_q * group
+    block_m = max(MIN_DOT, min(cfg["BLOCK_M"], _pow2(rows_per)))
+    m_tiles = _cdiv(rows_per, block_m)
+    n_seen = n_k_cap
+    if num_splits is None:
+        programs = b * hkv * m_tiles
+        wanted = _cdiv(int(cfg["waves"] * _sm_count(device)), programs)
+        num_splits = max(1, min(wanted, _cdiv(n_seen, cfg["min_split_keys"])))
+    num_splits = max(1, min(num_splits, _cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
+    split_len = _cdiv(_cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    splits = _cdiv(max(n_seen, 1), split_len)
+    rows = b * hq * n_q
+    const.update(BLOCK_M=block_m, SPLIT=splits > 1)
+    decode = Launch(attention_decode_ext_kernel, (b * hkv * m_tiles * splits,), dict(const, WIDE=wide),
+                    device).bind(*ext, m_tiles, splits, split_len, rows)
+    merge = None
+    if splits > 1:
+        merge = Launch(attention_merge_kernel, (rows,),
+                       dict(BLOCK_S=merge_tile(splits, block_d), HEAD_DIM=d, BLOCK_D=block_d, UPCAST=upcast,
+                            RAW=raw, ACCURATE=fp32, num_warps=cfg["merge_warps"]), device, ())
+    workspace = rows * splits * (d + 2)
+
+    def run(q, k, v, out, lse, slopes=None, key_mask=None, cu_q=None, cu_k=None, seq_k=None, table=None):
+        if bool_mask:
+            key_mask = key_mask.view(torch.uint8)
+        extra = pick(slopes, key_mask, seq_k, table)
+        if merge is None:
+            decode(q, k, v, out, lse, lse, *extra)
+            return
+        part = torch.empty(workspace, dtype=torch.float32, device=device)
+        decode(q, k, v, out, lse, part, *extra)
+        merge(part, out, lse, *so, rows, hq, n_q, splits, scale * online.LOG2E)
+    return run
+
+
 def attention_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
-                      kernel: str | None = None, num_splits: int | None = None) -> None:
+                      kernel: str | None = None, num_splits: int | None = None, mods=None, extras=()) -> None:
     """Fill out (B, Hq, Nq, D) and lse (B, Hq, Nq) with attention of q over k, v (planned for this
     one call: the tests and tuning scripts call it; ta.attention caches the plan)."""
     plan_forward(q, k, v, out, lse, scale, causal, causal_offset, kernel=kernel,
-                 num_splits=num_splits)(q, k, v, out, lse)
+                 num_splits=num_splits, mods=mods)(q, k, v, out, lse, *extras)

@@ -20,23 +20,30 @@ TRITON_ATTENTION "decode" row (max_rows) and sizes S from the SM count (configs.
 import triton
 import triton.language as tl
 
-from . import online
-from .attention_fwd import (dk_mask, finish_scale, head_dims, k_offsets, kv_bounds, kv_loop, q_mask,
-                            q_offsets, to_output)
+from . import masks, online
+from .attention_fwd import dk_mask, finish_scale, head_dims, k_offsets, kv_walk, q_mask, q_offsets, to_output
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles", "n_splits", "split_len", "n_rows"])
-def attention_decode_kernel(
-        Q, K, V, Out, Lse, Part,
+@triton.jit
+def decode_program(
+        Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles, n_splits, split_len, n_rows,
-        CAUSAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-        UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
-        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
+        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
+        m_tiles, n_splits, split_len, n_rows,
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
+        FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
+        ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+    """One (batch, kv head, row tile, key split). SEQ_K: batch b has SeqK[b] keys (n_k is the
+    capacity), aligned bottom-right (offset + SeqK[b] − Nq); PAGED, the window, SOFTCAP, ALIBI and
+    KEY_MASK as in attention_fwd.fwd_program (here a tile's rows belong to several heads, so the
+    ALiBi slope is per row)."""
     # Splits of one (batch, kv head, row tile) are adjacent programs: they run together and each
     # reads a disjoint slice of the same K/V.
     pid = tl.program_id(0)
@@ -48,6 +55,11 @@ def attention_decode_kernel(
     b32 = bkv // n_kv_heads
     b = b32.to(tl.int64)
     kvh = bkv % n_kv_heads
+
+    seq_k = n_k
+    if SEQ_K:
+        seq_k = tl.minimum(tl.maximum(tl.load(SeqK + b32), 0), n_k)
+        offset = offset + seq_k - n_q
 
     r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = r < group * n_q
@@ -63,31 +75,38 @@ def attention_decode_kernel(
     q = tl.load(Q + q_offsets(q_rows, d, stride_qd, SPLIT_D), mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D),
                 other=0.0)
 
+    kvh64 = kvh.to(tl.int64)
     if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
         k_src = K
         v_src = V
+    elif PAGED:
+        k_src = K + kvh64 * stride_kh
+        v_src = V + kvh64 * stride_vh
     else:
-        kvh64 = kvh.to(tl.int64)
         k_src = K + b * stride_kb + kvh64 * stride_kh
         v_src = V + b * stride_vb + kvh64 * stride_vh
-    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    if PAGED:
+        k_tile = k_offsets(0, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+        v_tile = k_offsets(0, dv, stride_vd, BLOCK_N, 1, WIDE)
+    else:
+        k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+        v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI:
+        slopes += tl.load(Slopes + b * stride_sb + h, mask=row_ok, other=0.0).to(tl.float32) * masks.LOG2E
 
     lo = split * split_len
-    hi = tl.minimum(lo + split_len, n_k)
+    hi = tl.minimum(lo + split_len, seq_k)
     row_first = tl.min(tl.where(row_ok, i, n_q), axis=0)
     row_last = tl.max(tl.where(row_ok, i, -1), axis=0)
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full, end = kv_bounds(lo, hi, row_first, row_last, causal_offset, CAUSAL, BLOCK_N)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
-                        i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, full, n_k, causal_offset, qk_scale,
-                        False, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
-                        i, dk_mask(d_ok, SPLIT_D), dv_ok, full, end, n_k, causal_offset, qk_scale,
-                        True, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR)
+    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
+                        i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, hi, row_first, row_last, seq_k, offset,
+                        left, right, qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
+                        BlockTable + b * stride_tb, page_size, n_pages, stride_kb, stride_vb,
+                        HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
 
     # Flat (B, Hq, Nq) row index: the lse layout, and the workspace's leading dim.
     flat = (b * n_heads + h) * n_q + i
@@ -104,6 +123,62 @@ def attention_decode_kernel(
         out = to_output(online.attention_out(acc, l, ACCURATE), Out.dtype.element_ty, UPCAST)
         tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
         tl.store(Lse + flat, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles", "n_splits", "split_len", "n_rows"])
+def attention_decode_kernel(
+        Q, K, V, Out, Lse, Part,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles, n_splits, split_len, n_rows,
+        CAUSAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
+        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
+    """Dense split-KV decode (causal at most): the fewest launch arguments (see attention_fwd_kernel)."""
+    decode_program(Q, K, V, Out, Lse, Part, Lse, Lse, Lse, Lse,
+                   stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_ob, stride_oh, stride_om, stride_od,
+                   0, 0, 0, 0, 1, 1,
+                   n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0,
+                   m_tiles, n_splits, split_len, n_rows,
+                   False, CAUSAL, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST,
+                   WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_splits", "split_len",
+                               "n_rows", "page_size", "n_pages"])
+def attention_decode_ext_kernel(
+        Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
+        m_tiles, n_splits, split_len, n_rows,
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
+        FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
+        ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+    """Split-KV decode with a window, score modifications or a (paged) KV cache."""
+    decode_program(Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
+                   stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_ob, stride_oh, stride_om, stride_od,
+                   stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+                   n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
+                   m_tiles, n_splits, split_len, n_rows,
+                   HAS_LEFT, HAS_RIGHT, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION,
+                   UPCAST, WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK,
+                   SEQ_K, PAGED)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])

@@ -36,7 +36,7 @@ LATE_L folds Σp into l after the P·V product is issued, so the row sum can ove
 import triton
 import triton.language as tl
 
-from . import online
+from . import masks, online
 
 
 @triton.jit
@@ -134,21 +134,28 @@ def dk_mask(d_ok, SPLIT_D: tl.constexpr):
 
 @triton.jit
 def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
-            rows, dk_ok, dv_ok, lo, hi, n_k, causal_offset, qk_scale,
-            MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, RAW: tl.constexpr,
-            FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ADDR: tl.constexpr):
+            rows, dk_ok, dv_ok, lo, hi, n_k, offset, left, right, qk_scale,
+            slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
+            MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+            RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
+            ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
+            PAGED: tl.constexpr):
     """Fold keys [lo, hi) (lo a multiple of BLOCK_N) into (acc, m, l) for the query tile q.
 
-    The last tile of a MASKED range is cut by n_k and the causal mask, not by hi: so hi must be n_k
-    or a multiple of BLOCK_N (the split-KV ranges are), or keys past hi would be folded in too.
+    The last tile of a MASKED range is cut by n_k and the window, not by hi: so hi must be n_k,
+    a multiple of BLOCK_N or the window's own edge (masks.kv_ranges' ranges are), or keys past hi
+    would be folded in too.
 
     k_src/v_src: with ADDR "ptr"/"offs" pointers at key 0 of this program's kv head (64-bit
     offsets already applied) and k_tile/v_tile the in-tile offsets (k_offsets); with "tma" the
     tensor descriptors, read at (kv_b, kv_h, key, 0). `rows` are the query indices of the tile's
-    rows, used by the causal mask; dk_ok/dv_ok the head-dim masks shaped for the K and V tiles. With
-    MASKED, keys j >= n_k and (CAUSAL) j > i + offset score -inf, which the verbs turn into p = 0
-    (and a fully masked row keeps m = -inf, l = 0).
+    rows (the window and ALiBi use them); dk_ok/dv_ok the head-dim masks shaped for the K and V
+    tiles. With MASKED, keys j >= n_k and keys outside row i's window score -inf, which the verbs
+    turn into p = 0 (and a fully masked row keeps m = -inf, l = 0). The score modifications of
+    masks.py (SOFTCAP, ALIBI, KEY_MASK) apply to every tile; they need RAW = False (scores in log2
+    units). PAGED: key j lives in page bt_src[j // page_size] (k_src/v_src then point at the kv
+    head of page 0, k_tile/v_tile hold only the head-dim offsets); ADDR is "offs".
 
     UPCAST is set only under TRITON_INTERPRET=1 for bfloat16, where Triton 3.6's interpreter has two
     bugs: it multiplies bfloat16 as raw uint16 bit patterns, and its float32 -> bfloat16 cast
@@ -175,7 +182,20 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             k = k_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
             v = v_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
-            if ADDR == "offs":
+            if PAGED:
+                # Clamped into the cache: a bad table entry (possible only where the host could
+                # not check it, e.g. under graph capture) reads a wrong page, never out of bounds.
+                page = tl.load(bt_src + cols // page_size, mask=key_ok, other=0)
+                page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
+                in_page = (cols % page_size).to(tl.int64)
+                k_rows = page * stride_kp + in_page * stride_kn
+                v_rows = page * stride_vp + in_page * stride_vn
+                if SPLIT_D > 1:
+                    k_ptrs = k_src + k_rows[None, None, :] + k_tile
+                else:
+                    k_ptrs = k_src + k_rows[:, None] + k_tile
+                v_ptrs = v_src + v_rows[:, None] + v_tile
+            elif ADDR == "offs":
                 k_ptrs = k_src + tl.cast(start, tl.int64) * stride_kn + k_tile
                 v_ptrs = v_src + tl.cast(start, tl.int64) * stride_vn + v_tile
             if MASKED:
@@ -198,13 +218,20 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             s = tl.sum(tl.dot(q, k, input_precision=PRECISION), axis=0)
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if not RAW:
+        if SOFTCAP:
+            s, _ = masks.softcap(s, cap_in, cap_out)
+        elif not RAW:
             s = s * qk_scale
+        if ALIBI:
+            s = masks.alibi(s, rows, cols, offset, slopes)
+        if KEY_MASK == 1:
+            keep = tl.load(km_src + cols * stride_mn, mask=key_ok, other=0)
+            s = tl.where(keep[None, :] != 0, s, float("-inf"))
+        elif KEY_MASK == 2:
+            s += tl.load(km_src + cols * stride_mn, mask=key_ok, other=0.0).to(tl.float32)[None, :] * masks.LOG2E
         if MASKED:
-            visible = key_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
-            s = tl.where(visible, s, float("-inf"))
+            s = tl.where(masks.visible(rows, cols, key_ok, offset, left, right, HAS_LEFT, HAS_RIGHT),
+                         s, float("-inf"))
         if RAW:
             m, p, alpha = online.update_max(m, s, qk_scale, FMA)
         else:
@@ -235,6 +262,41 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
 
 
 @triton.jit
+def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+            rows, dk_ok, dv_ok, lo, hi, row_first, row_last, n_k, offset, left, right, qk_scale,
+            slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
+            HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+            RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
+            ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
+            PAGED: tl.constexpr):
+    """Fold every key of [lo, hi) that rows row_first..row_last can see: the three ranges of
+    masks.kv_ranges (the masked head only where a window has a left edge)."""
+    start, full_lo, full_hi, end = masks.kv_ranges(lo, hi, row_first, row_last, offset, left, right,
+                                                   HAS_LEFT, HAS_RIGHT, BLOCK_N)
+    if HAS_LEFT:
+        acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                            rows, dk_ok, dv_ok, start, full_lo, n_k, offset, left, right, qk_scale,
+                            slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                            stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                            PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
+                            KEY_MASK, PAGED)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                        rows, dk_ok, dv_ok, full_lo, full_hi, n_k, offset, left, right, qk_scale,
+                        slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                        stride_kp, stride_vp, False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                        PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
+                        KEY_MASK, PAGED)
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                        rows, dk_ok, dv_ok, full_hi, end, n_k, offset, left, right, qk_scale,
+                        slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                        stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                        PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
+                        KEY_MASK, PAGED)
+    return acc, m, l
+
+
+@triton.jit
 def finish_scale(qk_scale, RAW: tl.constexpr):
     """The scale the state (m) was built with: lse() and merge() take it."""
     if RAW:
@@ -242,6 +304,125 @@ def finish_scale(qk_scale, RAW: tl.constexpr):
     else:
         scale = 1.0
     return scale
+
+
+@triton.jit
+def fwd_program(
+        Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
+        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+    """One (batch, head, query tile) of the forward. Dense calls (attention_fwd_kernel) switch
+    every extension off; attention_fwd_ext_kernel turns them on by constexpr:
+    * VARLEN: batch b is sequence b of a packed layout: its queries are rows CuQ[b]..CuQ[b+1] and
+      its keys rows CuK[b]..CuK[b+1] of the (1, H, total, D) views (batch strides 0); n_q/n_k are
+      the totals (every index is clamped into them) and lse is (Hq, total_q).
+    * SEQ_K: batch b has SeqK[b] keys (a KV cache's valid length; n_k is the capacity).
+    * VARLEN or SEQ_K: the alignment is bottom-right per sequence (offset + its Nk − Nq).
+    * PAGED: keys through BlockTable (kv_loop), K/V are (pages, page_size, Hkv, D).
+    * window (HAS_LEFT/HAS_RIGHT), SOFTCAP, ALIBI (Slopes (B, Hq) with batch stride stride_sb,
+      0 for (Hq,)), KEY_MASK (KeyMask (B, Nk) strides stride_mb, stride_mn): masks.py."""
+    # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
+    # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
+    # short tiles fill the tail of the schedule.
+    pid = tl.program_id(0)
+    bh = pid // m_tiles
+    tile = pid % m_tiles
+    if HAS_RIGHT and not HAS_LEFT:
+        tile = m_tiles - 1 - tile
+    b32 = bh // n_heads
+    h32 = bh % n_heads
+    kvh32 = h32 // group
+    b = b32.to(tl.int64)
+    h = h32.to(tl.int64)
+    kvh = kvh32.to(tl.int64)
+    m0 = tile * BLOCK_M
+
+    q_start = 0
+    k_start = 0
+    seq_q = n_q
+    seq_k = n_k
+    if VARLEN:
+        q_start = tl.minimum(tl.maximum(tl.load(CuQ + b32), 0), n_q)
+        seq_q = tl.minimum(tl.maximum(tl.load(CuQ + b32 + 1), q_start), n_q) - q_start
+        k_start = tl.minimum(tl.maximum(tl.load(CuK + b32), 0), n_k)
+        seq_k = tl.minimum(tl.maximum(tl.load(CuK + b32 + 1), k_start), n_k) - k_start
+    elif SEQ_K:
+        seq_k = tl.minimum(tl.maximum(tl.load(SeqK + b32), 0), n_k)
+    if VARLEN or SEQ_K:
+        offset = offset + seq_k - seq_q
+    if VARLEN:  # a tile past its sequence's end (the grid covers the longest) visits no key
+        seq_k = tl.where(m0 < seq_q, seq_k, 0)
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < seq_q
+    d = head_dims(BLOCK_D, SPLIT_D, WIDE)
+    d_ok = d < HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    if WIDE:
+        offs_m = offs_m.to(tl.int64)
+    q_row0 = tl.cast(q_start + m0, tl.int64)
+    q_base = Q + b * stride_qb + h * stride_qh + q_row0 * stride_qm
+    q = tl.load(q_base + q_offsets(offs_m * stride_qm, d, stride_qd, SPLIT_D),
+                mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D), other=0.0)
+
+    if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
+        k_src = K
+        v_src = V
+    elif PAGED:  # the pages' batch stride is the page stride (kv_loop)
+        k_src = K + kvh * stride_kh
+        v_src = V + kvh * stride_vh
+    else:
+        k64 = tl.cast(k_start, tl.int64)
+        k_src = K + b * stride_kb + kvh * stride_kh + k64 * stride_kn
+        v_src = V + b * stride_vb + kvh * stride_vh + k64 * stride_vn
+    dv = head_dims(BLOCK_D, 1, WIDE)
+    dv_ok = (dv < HEAD_DIM)[None, :]
+    if PAGED:
+        k_tile = k_offsets(0, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+        v_tile = k_offsets(0, dv, stride_vd, BLOCK_N, 1, WIDE)
+    else:
+        k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+        v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    dk_ok = dk_mask(d_ok, SPLIT_D)
+
+    slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI:
+        slopes += tl.load(Slopes + b * stride_sb + h).to(tl.float32) * masks.LOG2E
+
+    m, l = online.identity(BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_last = tl.minimum(m0 + BLOCK_M, seq_q) - 1
+    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
+                        rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right, qk_scale,
+                        slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn, BlockTable + b * stride_tb,
+                        page_size, n_pages, stride_kb, stride_vb,
+                        HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
+
+    out = online.attention_out(acc, l, ACCURATE)
+    o_base = Out + b * stride_ob + h * stride_oh + q_row0 * stride_om
+    o_ptrs = o_base + offs_m[:, None] * stride_om + dv[None, :] * stride_od
+    out = to_output(out, Out.dtype.element_ty, UPCAST)
+    if EVEN_D:
+        tl.store(o_ptrs, out, mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
+    if VARLEN:  # (Hq, total_q), flash-attn's varlen layout
+        lse_row0 = h * n_q + q_row0
+    else:       # (B, Hq, Nq)
+        lse_row0 = bh.to(tl.int64) * n_q + m0
+    lse_ptrs = Lse + lse_row0 + tl.arange(0, BLOCK_M)
+    tl.store(lse_ptrs, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles"])
@@ -256,65 +437,42 @@ def attention_fwd_kernel(
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr,
         SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
-    # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
-    # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
-    # short tiles fill the tail of the schedule.
-    pid = tl.program_id(0)
-    bh = pid // m_tiles
-    tile = pid % m_tiles
-    if CAUSAL:
-        tile = m_tiles - 1 - tile
-    b32 = bh // n_heads
-    h32 = bh % n_heads
-    kvh32 = h32 // group
-    b = b32.to(tl.int64)
-    h = h32.to(tl.int64)
-    kvh = kvh32.to(tl.int64)
-    m0 = tile * BLOCK_M
+    """Dense attention (no window but causal, no score modification): the fewest launch arguments,
+    so the host's launch cost of the common call stays what it was (tiled_attn/triton/launch.py)."""
+    fwd_program(Q, K, V, Out, Lse, Lse, Lse, Lse, Lse, Lse, Lse,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_ob, stride_oh, stride_om, stride_od,
+                0, 0, 0, 0, 1, 1,
+                n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0, m_tiles,
+                False, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE, RAW,
+                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False)
 
-    rows = m0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < n_q
-    d = head_dims(BLOCK_D, SPLIT_D, WIDE)
-    d_ok = d < HEAD_DIM
-    offs_m = tl.arange(0, BLOCK_M)
-    if WIDE:
-        offs_m = offs_m.to(tl.int64)
-    q_base = Q + b * stride_qb + h * stride_qh + tl.cast(m0, tl.int64) * stride_qm
-    q = tl.load(q_base + q_offsets(offs_m * stride_qm, d, stride_qd, SPLIT_D),
-                mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D), other=0.0)
 
-    if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
-        k_src = K
-        v_src = V
-    else:
-        k_src = K + b * stride_kb + kvh * stride_kh
-        v_src = V + b * stride_vb + kvh * stride_vh
-    dv = head_dims(BLOCK_D, 1, WIDE)
-    dv_ok = (dv < HEAD_DIM)[None, :]
-    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
-    dk_ok = dk_mask(d_ok, SPLIT_D)
-
-    m, l = online.identity(BLOCK_M)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    row_last = tl.minimum(m0 + BLOCK_M, n_q) - 1
-    full, end = kv_bounds(0, n_k, m0, row_last, causal_offset, CAUSAL, BLOCK_N)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
-                        rows, dk_ok, dv_ok, 0, full, n_k, causal_offset, qk_scale,
-                        False, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
-                        rows, dk_ok, dv_ok, full, end, n_k, causal_offset, qk_scale,
-                        True, CAUSAL, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR)
-
-    out = online.attention_out(acc, l, ACCURATE)
-    o_base = Out + b * stride_ob + h * stride_oh + tl.cast(m0, tl.int64) * stride_om
-    o_ptrs = o_base + offs_m[:, None] * stride_om + dv[None, :] * stride_od
-    out = to_output(out, Out.dtype.element_ty, UPCAST)
-    if EVEN_D:
-        tl.store(o_ptrs, out, mask=row_ok[:, None])
-    else:
-        tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
-    lse_ptrs = Lse + (bh.to(tl.int64) * n_q + m0) + tl.arange(0, BLOCK_M)
-    tl.store(lse_ptrs, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
+@triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "page_size", "n_pages"])
+def attention_fwd_ext_kernel(
+        Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
+        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+    """The forward with windows, score modifications, packed sequences or a (paged) KV cache
+    (fwd_program's doc); unused pointers are any tensor (never read)."""
+    fwd_program(Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_ob, stride_oh, stride_om, stride_od,
+                stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+                n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
+                HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE,
+                RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED)
