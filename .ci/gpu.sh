@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
-#                                 memcheck memcheck_plan racecheck sanitize_bwd tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
+#                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
@@ -70,6 +70,10 @@ for s in "$@"; do
         python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ${SAN_BWD_ARGS:-}
       stage racecheck_bwd "${SAN_TIMEOUT:-120}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn --error-exitcode 1 \
         python tests/gpu_sanitize.py --no-softmax --attention-backward --quick ${SAN_BWD_ARGS:-} ;;
+    # Issue #15's kernels (window, softcap, ALiBi, key masks, varlen, KV cache) under memcheck.
+    memcheck_masks) stage memcheck_masks "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+            python -m pytest -q -p no:cacheprovider -x tests/test_masks.py -k "${SAN_MASKS_K:-not bad_input}" ;;
+    probe_masks) stage probe_masks "${PROBE_TIMEOUT:-200}" python benchmarks/probe_masks.py --out "$OUT/probe_masks.json" ;;
     memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
     # The Triton kernels launched from cached plans (triton/launch.py) under memcheck: the
     # compiled-kernel path after JIT dispatch, a misaligned specialization, a captured graph.

@@ -261,7 +261,9 @@ class AttentionBackwardPlan:
         # No query rows or no keys: nothing flows (every gradient is zero).
         self.empty = q.numel() == 0 or k.numel() == 0
         self.run = None
-        if self.empty or backend == "torch":
+        # A window, softcap, ALiBi or key mask: the torch backend's tiled backward for now (the
+        # Triton backward kernels have no score modifications yet; README, issue #15's note).
+        if self.empty or backend == "torch" or mods is not None:
             return
         if backend not in ("triton", "cuda"):
             raise AssertionError(backend)
@@ -540,6 +542,26 @@ def _torch_layout(query, key, value, enable_gqa) -> bool:
     return not (hq == hk or hk == 1 or enable_gqa)
 
 
+def _key_only_mask(query, key, value, attn_mask, enable_gqa):
+    """The (B, S) view of an attn_mask that masks keys only — the same for every head and query
+    of a batch row (size 1 or stride 0 along H and L after broadcasting to (B, H, L, S)), bool or
+    float in the query's dtype — or None (the call goes to torch's SDPA). Padding masks are
+    this; a causal or any other per-query pattern is not."""
+    if (attn_mask is None or query.dim() != 4 or _torch_layout(query, key, value, enable_gqa)
+            or _needs_torch_sdpa(query, key, value, None, 0.0) is not None):
+        return None
+    if not (attn_mask.dtype == torch.bool or attn_mask.dtype == query.dtype) or attn_mask.dim() > 4:
+        return None
+    b, h, l, _ = query.shape
+    try:
+        m = attn_mask.expand(b, h, l, key.shape[2])
+    except RuntimeError:
+        return None  # not broadcastable: torch's SDPA says why
+    if (h > 1 and m.stride(1) != 0) or (l > 1 and m.stride(2) != 0):
+        return None
+    return m[:, 0, 0, :]
+
+
 def _check_sdpa(query, key, value, attn_mask, is_causal, enable_gqa) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         _checks.check_tensor(name, t)
@@ -601,8 +623,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     without it, heads that differ raise ValueError unless one side has a single head (torch
     broadcasts it).
 
-    Calls with anything our kernels do not cover go to torch's own SDPA, so the result always has
-    torch's meaning: a tensor `attn_mask`, `dropout_p > 0`, a value head dim different from the
+    A boolean or float `attn_mask` that masks keys only (one (B, S) pattern broadcast over heads
+    and queries, e.g. key padding) runs our kernels (masked_attention); rows it leaves without a
+    key give 0, as torch's math backend. Calls with anything else our kernels do not cover go to
+    torch's own SDPA, so the result always has torch's meaning: any other tensor `attn_mask`,
+    `dropout_p > 0`, a value head dim different from the
     query's, a head dim over 256, float64, and shapes that only torch's broadcasting gives a meaning to (fewer
     than 3 dims, leading dims of different sizes, a query with one head against several).
     On the CPU, ours is torch's SDPA too (backend=None's choice there, see ta.attention).
@@ -624,6 +649,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return plan.forward(query, key, value)
         return _torch_sdpa(query, key, value, None, dropout_p, is_causal, scale, enable_gqa)
     _check_sdpa(query, key, value, attn_mask, is_causal, enable_gqa)
+    key_mask = None if dropout_p else _key_only_mask(query, key, value, attn_mask, enable_gqa)
+    if key_mask is not None:
+        return masked_attention(query, key, value, key_mask, scale=scale)
     if (_torch_layout(query, key, value, enable_gqa)
             or _needs_torch_sdpa(query, key, value, attn_mask, dropout_p) is not None):
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -1,0 +1,100 @@
+"""ta.attention_varlen: packed sequences of different lengths (flash_attn_varlen_func's meaning).
+
+q (total_q, Hq, D), k/v (total_k, Hkv, D); sequence b is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+against k/v rows cu_seqlens_k[b]:cu_seqlens_k[b+1], aligned bottom-right per sequence (its Nk − Nq),
+with everything ta.attention takes (causal, window, softcap, ALiBi). Output (total_q, Hq, D),
+lse (Hq, total_q) float32 (flash-attn's layout).
+
+The Triton kernel is the dense forward with VARLEN on (attention_fwd.fwd_program): one program per
+(sequence, head, query tile of the longest sequence); a tile past its sequence's end visits no key,
+so a batch costs its valid pairs plus those idle programs. The (1, H, total, D) views are the
+tensors as they are: nothing is padded, copied or gathered.
+
+Values (cu_seqlens, max_seqlen) are checked on the host, one small device-to-host copy per call,
+except while a CUDA graph is being captured or torch.compile traces (a copy cannot happen there);
+then the kernel clamps every sequence into the tensors (a wrong table gives a wrong answer, never an
+out-of-bounds read).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _mods, reference
+from .attention import _grad_needed, _plan_for, _resolve
+
+__all__ = ["attention_varlen"]
+
+
+def _host_checks_possible(t: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_name: str) -> None:
+    """cu_seqlens: int32, 1-D, (B+1,), from 0, non-decreasing, ending within the tensor; every
+    sequence no longer than max_seqlen."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {_checks._dtype_name(cu.dtype)}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(cu.shape)}")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise TypeError(f"{max_name} must be a non-negative int, got {max_seqlen!r}")
+    if not _host_checks_possible(cu):
+        return
+    values = cu.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"{name} must be non-decreasing, got {values}")
+    if values[-1] > total:
+        raise ValueError(f"{name} ends at {values[-1]}, past the tensor's {total} rows")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(f"{max_name} = {max_seqlen} is smaller than a sequence of {max(lengths)} "
+                         f"rows in {name}")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, scale: float | None = None, window=None, softcap=None,
+                     alibi_slopes=None, return_lse: bool = False, deterministic: bool = False,
+                     backend: str | None = None):
+    """Attention over packed sequences (see the module doc). Differentiable in q, k and v.
+
+    backend None is "triton" on CUDA and "torch" (tiled_attn.reference, per sequence) on the CPU.
+    The backward: the Triton forward's gradients come from the torch backend's algorithm for now
+    (autograd through reference.attention_varlen, float32), said in the README."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.check_tensor(name, t, ndim=3, layout_hint="(total, H, D)")
+    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    _checks.check_attention(q4, k4, v4, scale, backend)
+    if deterministic is not False and deterministic is not True:
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+    batch = cu_seqlens_q.shape[0] - 1
+    mods = _mods.make(window, softcap, alibi_slopes, q4, batch,
+                      varlen=(batch, int(max_seqlen_q), int(max_seqlen_k)))
+    scale_v, backend = _resolve(q4, k4, v4, scale, causal, 0, True, backend, mods)
+    grad = _grad_needed(q, k, v)
+    if backend == "torch" or (grad and backend != "torch"):
+        # The torch backend, and for now every backward: the reference's tiled algorithm per
+        # sequence, differentiated by torch's autograd.
+        kw = _mods.reference_kwargs(mods._replace(varlen=None), alibi_slopes, None)
+        out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale_v,
+                                              return_lse=True, blockwise=True, **kw)
+        return (out, lse) if return_lse else out
+    plan = _plan_for(q4, k4, v4, scale_v, causal, 0, True, backend, mods)
+    out4, lse3 = plan.forward(q4, k4, v4, alibi_slopes, None, cu_seqlens_q, cu_seqlens_k)
+    out, lse = out4[0].transpose(0, 1), lse3[0]
+    return (out, lse) if return_lse else out
