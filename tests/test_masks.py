@@ -198,7 +198,7 @@ def test_varlen_bad_input():
         ta.attention_varlen(q[None], q, q, cu, cu, 6, 6)
 
 
-@pytest.mark.parametrize("page", [None, 4] if not HAS_CUDA else [None, 16, 64, 256])
+@pytest.mark.parametrize("page", [None, 4, 32] if not HAS_CUDA else [None, 16, 64, 256])
 @pytest.mark.parametrize("nq,n_new", [(1, 0), (1, 1), (4, 4), (3, 0)] if not HAS_CUDA else
                          [(1, 0), (1, 1), (4, 4), (64, 64), (200, 0)])
 def test_kvcache(page, nq, n_new, seed):
@@ -208,8 +208,8 @@ def test_kvcache(page, nq, n_new, seed):
         b, hq, hkv, d, nmax = 3, 32, 8, 128, 4096
         lens = [3000, 0, 4096 - n_new]
     else:
-        b, hq, hkv, d, nmax = 2, 4, 2, 32, 48
-        lens = [20, 48 - n_new]
+        b, hq, hkv, d, nmax = 2, 4, 2, 32, 64
+        lens = [20, 64 - n_new]
     kc = randn((b, nmax, hkv, d), dtype, DEVICE, gen)
     vc = randn((b, nmax, hkv, d), dtype, DEVICE, gen)
     q = randn((b, hq, nq, d), dtype, DEVICE, gen)

@@ -330,7 +330,8 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
     cap_in, cap_out = (scale / cap, cap * online.LOG2E) if cap > 0 else (1.0, 1.0)
     page_size, n_pages, stride_tb = mods.paged[:3] if mods.paged is not None else (1, 1, 0)
     stride_mb, stride_mn = mods.mask_strides
-    ext = (*sq, *sk, *sv, *so, max(mods.alibi_stride, 0), stride_mb, stride_mn, stride_tb, page_size, n_pages,
+    const["PAGE"] = page_size
+    ext = (*sq, *sk, *sv, *so, max(mods.alibi_stride, 0), stride_mb, stride_mn, stride_tb, n_pages,
            hq, group, n_q, n_k, offset, left, right, scale * online.LOG2E, cap_in, cap_out)
     device = q.device
 

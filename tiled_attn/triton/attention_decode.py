@@ -31,7 +31,7 @@ def decode_program(
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
         n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
         m_tiles, n_splits, split_len, n_rows,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -39,7 +39,7 @@ def decode_program(
         PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     """One (batch, kv head, row tile, key split). SEQ_K: batch b has SeqK[b] keys (n_k is the
     capacity), aligned bottom-right (offset + SeqK[b] − Nq); PAGED, the window, SOFTCAP, ALIBI and
     KEY_MASK as in attention_fwd.fwd_program (here a tile's rows belong to several heads, so the
@@ -85,12 +85,8 @@ def decode_program(
     else:
         k_src = K + b * stride_kb + kvh64 * stride_kh
         v_src = V + b * stride_vb + kvh64 * stride_vh
-    if PAGED:
-        k_tile = k_offsets(0, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-        v_tile = k_offsets(0, dv, stride_vd, BLOCK_N, 1, WIDE)
-    else:
-        k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-        v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
     slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ALIBI:
         slopes += tl.load(Slopes + b * stride_sb + h, mask=row_ok, other=0.0).to(tl.float32) * masks.LOG2E
@@ -104,7 +100,7 @@ def decode_program(
     acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh,
                         i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, hi, row_first, row_last, seq_k, offset,
                         left, right, qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
-                        BlockTable + b * stride_tb, page_size, n_pages, stride_kb, stride_vb,
+                        BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb,
                         HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
                         SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
 
@@ -143,22 +139,22 @@ def attention_decode_kernel(
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_ob, stride_oh, stride_om, stride_od,
-                   0, 0, 0, 0, 1, 1,
+                   0, 0, 0, 0, 1,
                    n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0,
                    m_tiles, n_splits, split_len, n_rows,
                    False, CAUSAL, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST,
-                   WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False)
+                   WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, 1)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_splits", "split_len",
-                               "n_rows", "page_size", "n_pages"])
+                               "n_rows", "n_pages"])
 def attention_decode_ext_kernel(
         Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
         n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
         m_tiles, n_splits, split_len, n_rows,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -166,19 +162,19 @@ def attention_decode_ext_kernel(
         PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     """Split-KV decode with a window, score modifications or a (paged) KV cache."""
     decode_program(Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_ob, stride_oh, stride_om, stride_od,
-                   stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+                   stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
                    n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out,
                    m_tiles, n_splits, split_len, n_rows,
                    HAS_LEFT, HAS_RIGHT, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION,
                    UPCAST, WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK,
-                   SEQ_K, PAGED)
+                   SEQ_K, PAGED, PAGE)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])

@@ -155,7 +155,7 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     turn into p = 0 (and a fully masked row keeps m = -inf, l = 0). The score modifications of
     masks.py (SOFTCAP, ALIBI, KEY_MASK) apply to every tile; they need RAW = False (scores in log2
     units). PAGED: key j lives in page bt_src[j // page_size] (k_src/v_src then point at the kv
-    head of page 0, k_tile/v_tile hold only the head-dim offsets); ADDR is "offs".
+    head of page 0; page_size is a constexpr); ADDR is "offs".
 
     UPCAST is set only under TRITON_INTERPRET=1 for bfloat16, where Triton 3.6's interpreter has two
     bugs: it multiplies bfloat16 as raw uint16 bit patterns, and its float32 -> bfloat16 cast
@@ -183,18 +183,27 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             v = v_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
             if PAGED:
-                # Clamped into the cache: a bad table entry (possible only where the host could
-                # not check it, e.g. under graph capture) reads a wrong page, never out of bounds.
-                page = tl.load(bt_src + cols // page_size, mask=key_ok, other=0)
-                page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-                in_page = (cols % page_size).to(tl.int64)
-                k_rows = page * stride_kp + in_page * stride_kn
-                v_rows = page * stride_vp + in_page * stride_vn
-                if SPLIT_D > 1:
-                    k_ptrs = k_src + k_rows[None, None, :] + k_tile
+                # Page indices are clamped into the cache: a bad table entry (possible only where
+                # the host did not check it) reads a wrong page, never out of bounds.
+                if page_size % BLOCK_N == 0:
+                    # The tile lies in one page: one index, and rows as contiguous as a dense cache.
+                    page = tl.load(bt_src + start // page_size)
+                    page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
+                    in_page = tl.cast(start % page_size, tl.int64)
+                    k_ptrs = k_src + page * stride_kp + in_page * stride_kn + k_tile
+                    v_ptrs = v_src + page * stride_vp + in_page * stride_vn + v_tile
                 else:
-                    k_ptrs = k_src + k_rows[:, None] + k_tile
-                v_ptrs = v_src + v_rows[:, None] + v_tile
+                    page = tl.load(bt_src + cols // page_size, mask=key_ok, other=0)
+                    page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
+                    # k_tile holds offs_n·stride_kn: each row's own page and slot replace it.
+                    slot = (cols % page_size - offs_n).to(tl.int64)
+                    k_rows = page * stride_kp + slot * stride_kn
+                    v_rows = page * stride_vp + slot * stride_vn
+                    if SPLIT_D > 1:
+                        k_ptrs = k_src + k_rows[None, None, :] + k_tile
+                    else:
+                        k_ptrs = k_src + k_rows[:, None] + k_tile
+                    v_ptrs = v_src + v_rows[:, None] + v_tile
             elif ADDR == "offs":
                 k_ptrs = k_src + tl.cast(start, tl.int64) * stride_kn + k_tile
                 v_ptrs = v_src + tl.cast(start, tl.int64) * stride_vn + v_tile
@@ -219,7 +228,7 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if SOFTCAP:
-            s, _ = masks.softcap(s, cap_in, cap_out)
+            s, _ = masks.softcap(s, cap_in, cap_out, PRECISION == "ieee")
         elif not RAW:
             s = s * qk_scale
         if ALIBI:
@@ -313,14 +322,14 @@ def fwd_program(
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
         n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
         LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     """One (batch, head, query tile) of the forward. Dense calls (attention_fwd_kernel) switch
     every extension off; attention_fwd_ext_kernel turns them on by constexpr:
     * VARLEN: batch b is sequence b of a packed layout: its queries are rows CuQ[b]..CuQ[b+1] and
@@ -387,12 +396,8 @@ def fwd_program(
         v_src = V + b * stride_vb + kvh * stride_vh + k64 * stride_vn
     dv = head_dims(BLOCK_D, 1, WIDE)
     dv_ok = (dv < HEAD_DIM)[None, :]
-    if PAGED:
-        k_tile = k_offsets(0, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-        v_tile = k_offsets(0, dv, stride_vd, BLOCK_N, 1, WIDE)
-    else:
-        k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
-        v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
+    k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
+    v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
     dk_ok = dk_mask(d_ok, SPLIT_D)
 
     slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -405,7 +410,7 @@ def fwd_program(
     acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
                         rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn, BlockTable + b * stride_tb,
-                        page_size, n_pages, stride_kb, stride_vb,
+                        PAGE, n_pages, stride_kb, stride_vb,
                         HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
                         SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
 
@@ -444,27 +449,27 @@ def attention_fwd_kernel(
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_om, stride_od,
-                0, 0, 0, 0, 1, 1,
+                0, 0, 0, 0, 1,
                 n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0, m_tiles,
                 False, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE, RAW,
-                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False)
+                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False, 1)
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "page_size", "n_pages"])
+@triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_pages"])
 def attention_fwd_ext_kernel(
         Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
-        stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+        stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
         n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
         LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     """The forward with windows, score modifications, packed sequences or a (paged) KV cache
     (fwd_program's doc); unused pointers are any tensor (never read)."""
     fwd_program(Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
@@ -472,7 +477,7 @@ def attention_fwd_ext_kernel(
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_ob, stride_oh, stride_om, stride_od,
-                stride_sb, stride_mb, stride_mn, stride_tb, page_size, n_pages,
+                stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
                 n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE,
-                RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED)
+                RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED, PAGE)

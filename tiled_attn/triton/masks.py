@@ -56,10 +56,23 @@ def tanh(x):
 
 
 @triton.jit
-def softcap(s, cap_in, cap_out):
+def tanh_fast(x):
+    """tanh to ~1e-7 absolute (not relative) with one exp2 and one fast division: 1 − 2/(e^{2x}+1).
+    For 16-bit inputs, whose P is rounded to 8-11 bits anyway (measured on the H100: the accurate
+    tanh made a softcapped causal forward 4.8x slower than without softcap)."""
+    e = tl.math.exp2(tl.minimum(x, 40.0) * (2.0 * LOG2E))
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def softcap(s, cap_in, cap_out, ACCURATE: tl.constexpr = True):
     """c·tanh(s_nat / c) in log2 units from the raw product s = q·k: cap_in = scale / c,
-    cap_out = c·log2 e. Returns (capped scores, tanh) — the backward's chain factor is 1 − tanh²."""
-    t = tanh(s * cap_in)
+    cap_out = c·log2 e. Returns (capped scores, tanh) — the backward's chain factor is 1 − tanh².
+    ACCURATE (float32 inputs): tanh to a few ulps; else tanh_fast."""
+    if ACCURATE:
+        t = tanh(s * cap_in)
+    else:
+        t = tanh_fast(s * cap_in)
     return t * cap_out, t
 
 
