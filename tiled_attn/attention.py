@@ -269,7 +269,7 @@ class AttentionBackwardPlan:
             raise AssertionError(backend)
         from .triton import attention_backward as triton_backward
         self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
-                                                 causal_offset, has_dlse, deterministic, mods=mods)
+                                                 causal_offset, has_dlse, deterministic)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
