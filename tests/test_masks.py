@@ -278,3 +278,90 @@ def test_mods_bad_input():
         ta.attention(q, q, q, alibi_slopes=torch.zeros(3))
     with pytest.raises(TypeError, match="alibi_slopes must be float32"):
         ta.attention(q, q, q, alibi_slopes=torch.zeros(2, dtype=torch.float64))
+
+
+# -- gradients ------------------------------------------------------------------------------------
+GRAD_DTYPES = [torch.bfloat16] if not HAS_CUDA else [torch.float16, torch.bfloat16]
+
+
+def _grads(fn, leaves, dout):
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    return torch.autograd.grad(fn(*leaves), leaves, dout)
+
+
+def check_grads(ours_fn, ref_fn, leaves, dout, dtype, seed, what):
+    """Gradients of ours against float64 autograd of ref_fn, torch's own error = the same formula
+    in float32 with P rounded to the input dtype (the flash rounding point), cast to the dtype."""
+    ours = _grads(ours_fn, leaves, dout)
+    ref = _grads(lambda *t: ref_fn(*t), [t.double() for t in leaves], dout.double())
+    theirs = _grads(lambda *t: ref_fn(*t, compute=torch.float32, p_dtype=dtype),
+                    [t.float() for t in leaves], dout.float())
+    for name, a, r, t in zip("qkv", ours, ref, theirs):
+        assert_rule(a, r, t.to(dtype), dtype=dtype, seed=seed, what=f"{what} d{name}")
+
+
+GRAD_MODS = [dict(window=(5, 3)), dict(window=(7, -1), causal=True), dict(softcap=2.0, causal=True),
+             dict(alibi="head", window=(9, 4)), dict(softcap=0.5, alibi="batch")]
+
+
+@pytest.mark.parametrize("mods", GRAD_MODS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+@pytest.mark.parametrize("shape", SHAPES[:2] if not HAS_CUDA else SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
+def test_attention_mods_backward(shape, mods, seed):
+    nq, nk, d, hq, hkv = shape
+    gen = torch.Generator().manual_seed(seed)
+    dtype = GRAD_DTYPES[seed % len(GRAD_DTYPES)]
+    b = 2
+    q = randn((b, hq, nq, d), dtype, DEVICE, gen)
+    k = randn((b, hkv, nk, d), dtype, DEVICE, gen)
+    v = randn((b, hkv, nk, d), dtype, DEVICE, gen)
+    dout = randn((b, hq, nq, d), dtype, DEVICE, gen)
+    kw = dict(mods)
+    alibi = kw.pop("alibi", None)
+    slopes = None
+    if alibi is not None:
+        slopes = (torch.rand((hq,) if alibi == "head" else (b, hq), generator=gen) * 0.5).to(DEVICE)
+    check_grads(lambda q, k, v: ta.attention(q, k, v, alibi_slopes=slopes, backend="triton", **kw),
+                lambda q, k, v, **c: dense(q, k, v, slopes=slopes, **kw, **c), (q, k, v), dout, dtype, seed,
+                f"{shape} {mods} {dtype}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_mask_backward(causal, seed):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = GRAD_DTYPES[seed % len(GRAD_DTYPES)]
+    b, hq, hkv, nq, nk, d = 2, 4, 2, (30 if not HAS_CUDA else 300), (45 if not HAS_CUDA else 700), 32
+    q = randn((b, hq, nq, d), dtype, DEVICE, gen)
+    k = randn((b, hkv, nk, d), dtype, DEVICE, gen)
+    v = randn((b, hkv, nk, d), dtype, DEVICE, gen)
+    dout = randn((b, hq, nq, d), dtype, DEVICE, gen)
+    mask = (torch.rand(b, nk, generator=gen) > 0.3).to(DEVICE)
+    off = nk - nq
+    check_grads(lambda q, k, v: masked_attention(q, k, v, mask, causal=causal, causal_offset=off, backend="triton"),
+                lambda q, k, v, **c: dense(q, k, v, causal=causal, key_mask=mask, offset=off, **c), (q, k, v), dout,
+                dtype, seed, f"key mask causal={causal}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward(causal, seed):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = GRAD_DTYPES[seed % len(GRAD_DTYPES)]
+    if HAS_CUDA:
+        lq, lk, hq, hkv, d = [513, 0, 1, 1000, 77], [700, 5, 1, 1000, 0], 8, 2, 64
+    else:
+        lq, lk, hq, hkv, d = [5, 0, 17, 1, 33], [9, 4, 17, 0, 40], 4, 2, 32
+    q = randn((sum(lq), hq, d), dtype, DEVICE, gen)
+    k = randn((sum(lk), hkv, d), dtype, DEVICE, gen)
+    v = randn((sum(lk), hkv, d), dtype, DEVICE, gen)
+    dout = randn((sum(lq), hq, d), dtype, DEVICE, gen)
+    cq, ck = _cu(lq), _cu(lk)
+
+    def ref(q, k, v, **c):
+        outs = []
+        for b in range(len(lq)):
+            qs, ks, vs = (t[cu[b]:cu[b + 1]].transpose(0, 1)[None] for t, cu in ((q, cq), (k, ck), (v, ck)))
+            outs.append(dense(qs, ks, vs, causal=causal, **c)[0].transpose(0, 1))
+        return torch.cat(outs, 0)
+
+    check_grads(lambda q, k, v: ta.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal,
+                                                    backend="triton"),
+                ref, (q, k, v), dout, dtype, seed, f"varlen causal={causal}")

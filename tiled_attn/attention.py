@@ -261,15 +261,13 @@ class AttentionBackwardPlan:
         # No query rows or no keys: nothing flows (every gradient is zero).
         self.empty = q.numel() == 0 or k.numel() == 0
         self.run = None
-        # A window, softcap, ALiBi or key mask: the torch backend's tiled backward for now (the
-        # Triton backward kernels have no score modifications yet; README, issue #15's note).
-        if self.empty or backend == "torch" or mods is not None:
+        if self.empty or backend == "torch":
             return
         if backend not in ("triton", "cuda"):
             raise AssertionError(backend)
         from .triton import attention_backward as triton_backward
         self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
-                                                 causal_offset, has_dlse, deterministic)
+                                                 causal_offset, has_dlse, deterministic, mods=mods)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)

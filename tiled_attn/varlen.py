@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _mods, reference
-from .attention import _grad_needed, _plan_for, _resolve
+from .attention import _Attention, _grad_needed, _plan_for, _resolve
 
 __all__ = ["attention_varlen"]
 
@@ -64,8 +64,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """Attention over packed sequences (see the module doc). Differentiable in q, k and v.
 
     backend None is "triton" on CUDA and "torch" (tiled_attn.reference, per sequence) on the CPU.
-    The backward: the Triton forward's gradients come from the torch backend's algorithm for now
-    (autograd through reference.attention_varlen, float32), said in the README."""
+    The Triton backward runs the same packed layout (attention_bwd_ext.py)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t, ndim=3, layout_hint="(total, H, D)")
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -86,15 +85,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     mods = _mods.make(window, softcap, alibi_slopes, q4, batch,
                       varlen=(batch, int(max_seqlen_q), int(max_seqlen_k)))
     scale_v, backend = _resolve(q4, k4, v4, scale, causal, 0, True, backend, mods)
-    grad = _grad_needed(q, k, v)
-    if backend == "torch" or (grad and backend != "torch"):
-        # The torch backend, and for now every backward: the reference's tiled algorithm per
-        # sequence, differentiated by torch's autograd.
+    if backend == "torch":
+        # The reference's tiled algorithm per sequence, differentiated by torch's autograd.
         kw = _mods.reference_kwargs(mods._replace(varlen=None), alibi_slopes, None)
         out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale_v,
                                               return_lse=True, blockwise=True, **kw)
         return (out, lse) if return_lse else out
-    plan = _plan_for(q4, k4, v4, scale_v, causal, 0, True, backend, mods)
-    out4, lse3 = plan.forward(q4, k4, v4, alibi_slopes, None, cu_seqlens_q, cu_seqlens_k)
+    extras = (alibi_slopes, None, cu_seqlens_q, cu_seqlens_k)
+    if _grad_needed(q, k, v):
+        out4, lse3 = _Attention.apply(q4, k4, v4, scale_v, causal, 0, backend, return_lse, deterministic, mods,
+                                      *extras)
+    else:
+        out4, lse3 = _plan_for(q4, k4, v4, scale_v, causal, 0, True, backend, mods).forward(q4, k4, v4, *extras)
     out, lse = out4[0].transpose(0, 1), lse3[0]
     return (out, lse) if return_lse else out

@@ -15,9 +15,10 @@ import torch
 
 from .. import configs
 from . import online
-from .attention import MIN_DOT, WIDE_STRIDE, _cdiv, _effective_causal, _pow2, d_class
+from .attention import MIN_DOT, WIDE_STRIDE, _cdiv, _effective_causal, _pow2, _window_flags, d_class
 from .attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel,
                             attention_bwd_dq_store_kernel)
+from .attention_bwd_ext import attention_bwd_dkdv_ext_kernel, attention_bwd_dq_ext_kernel
 from .launch import Launch, interpreted
 
 __all__ = ["plan_backward", "attention_backward", "config"]
@@ -63,10 +64,15 @@ def launch_constants(q: torch.Tensor, kernel: str, interpret: bool, causal: bool
 
 
 def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
-                  has_dlse: bool, deterministic: bool = False):
+                  has_dlse: bool, deterministic: bool = False, mods=None):
     """run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv): the launches that fill dq, dk, dv for
     tensors with these shapes, strides, dtype and device. grad_lse is None unless has_dlse; lse
-    is the forward's contiguous (B, Hq, Nq) float32. deterministic: dQ by its own pass (dq_mode)."""
+    is the forward's contiguous (B, Hq, Nq) float32. deterministic: dQ by its own pass (dq_mode).
+    With `mods` (a window, softcap, ALiBi, key mask, varlen): plan_backward_ext's launches, whose
+    run also takes the forward's extra tensors (slopes, key_mask, cu_q, cu_k)."""
+    if mods is not None:
+        return plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale, causal, causal_offset, has_dlse,
+                                 mods)
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
     device = q.device
@@ -115,6 +121,70 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
         dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
         dq_launch(q, k, v, grad_out, lse, ws, dq)
+    return run
+
+
+def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
+                      has_dlse: bool, mods):
+    """The backward with `mods` (attention_bwd_ext.py): delta as the dense plan, then the dK/dV and
+    dQ ext kernels (dQ by its own pass: bitwise-repeatable). Varlen tensors are the (1, H, total,
+    D) views of the forward's plan; the grid runs mods.varlen's sequences."""
+    hq, d = q.shape[1], q.shape[-1]
+    hkv = k.shape[1]
+    device = q.device
+    interpret = device.type != "cuda" or interpreted(attention_bwd_dq_ext_kernel)
+    if mods.varlen is not None:
+        b, max_q, max_k = mods.varlen
+        n_q, n_k = q.shape[2], k.shape[2]
+    else:
+        b, n_q, n_k = q.shape[0], q.shape[2], k.shape[2]
+        max_q, max_k = n_q, n_k
+    has_left, has_right, left, right = _window_flags(mods, causal, causal_offset, max_q, max_k)
+    strides = [t.stride() for t in (q, k, v, out, grad_out, dq, dk, dv)]
+    if mods.varlen is not None:  # one packed sequence per "batch": no batch stride
+        strides = [(0,) + tuple(st[1:]) for st in strides]
+    wide = max(max(st) for st in strides) >= WIDE_STRIDE
+    sq, sk, sv, so, sdo, sdq, sdk, sdv = strides
+    qk_scale = scale * online.LOG2E
+    cap = mods.softcap
+    cap_in, cap_out = (scale / cap, cap * online.LOG2E) if cap > 0 else (1.0, 1.0)
+    stride_mb, stride_mn = mods.mask_strides
+    extra = (max(mods.alibi_stride, 0), stride_mb, stride_mn)
+    mod_const = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, SOFTCAP=cap > 0, ALIBI=mods.alibi_stride >= 0,
+                     KEY_MASK=mods.key_mask, VARLEN=mods.varlen is not None)
+    dkdv = launch_constants(q, "dkdv", interpret, causal)
+    dqc = launch_constants(q, "dq", interpret, causal)
+    for c in (dkdv, dqc):
+        del c["CAUSAL"]
+        c.pop("ATOMIC_DQ", None)
+        c.update(mod_const, ACCURATE=c["PRECISION"] == "ieee", WIDE=wide)
+    n_tiles = _cdiv(max_k, dkdv["BLOCK_N"])
+    m_tiles = _cdiv(max_q, dqc["BLOCK_M"])
+    delta_rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
+    # delta on the tensors as they are: (1, Hq, total_q) for varlen is lse's (Hq, total_q) layout.
+    dq_b, dq_n = q.shape[0], q.shape[2]
+    delta_tiles = _cdiv(dq_n, delta_rows)
+    delta = Launch(attention_bwd_delta_kernel, (dq_b * hq * delta_tiles,),
+                   dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], HAS_DLSE=has_dlse,
+                        WIDE=wide, num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                   device).bind(*out.stride(), *grad_out.stride(), hq, dq_n, delta_tiles)
+    dkdv_launch = Launch(attention_bwd_dkdv_ext_kernel, (b * hkv * n_tiles,), dkdv, device).bind(
+        *sq, *sk, *sv, *sdo, *sdk, *sdv, *extra, hkv, hq // hkv, n_q, n_k, causal_offset, left, right, qk_scale,
+        scale, cap_in, cap_out, n_tiles)
+    dq_launch = Launch(attention_bwd_dq_ext_kernel, (b * hq * m_tiles,), dqc, device).bind(
+        *sq, *sk, *sv, *sdo, *sdq, *extra, hq, hq // hkv, n_q, n_k, causal_offset, left, right, qk_scale,
+        scale, cap_in, cap_out, m_tiles)
+    delta_size = dq_b * hq * dq_n
+    bool_mask = mods.key_mask == 1
+
+    def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv, slopes=None, key_mask=None, cu_q=None, cu_k=None):
+        if bool_mask:
+            key_mask = key_mask.view(torch.uint8)
+        slopes, key_mask, cu_q, cu_k = (lse if t is None else t for t in (slopes, key_mask, cu_q, cu_k))
+        ws = torch.empty(delta_size, dtype=torch.float32, device=device)
+        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, slopes, key_mask, cu_q, cu_k)
+        dq_launch(q, k, v, grad_out, lse, ws, dq, slopes, key_mask, cu_q, cu_k)
     return run
 
 
