@@ -345,10 +345,29 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
         const.update(BLOCK_M=cfg["BLOCK_M"], VARLEN=mods.varlen is not None)
         launch = Launch(attention_fwd_ext_kernel, (b * hq * m_tiles,), dict(const, WIDE=wide), device).bind(
             *ext, m_tiles)
+        # TMA as the dense plan takes it (16-bit, unpaged, big enough to repay the descriptors):
+        # varlen reads its sequences' rows out of the (1, Hkv, total_k, D) descriptors, keys past
+        # a sequence's end come from the next one and are masked like any ragged tile.
+        tma = (cfg["ADDR"] == "tma" and not fp32 and not upcast and mods.paged is None
+               and _flops(b, hq, n_q_tiles, n_k_cap, d, has_right) >= configs.TRITON_TMA_MIN_FLOPS
+               and _tma_layout_ok(k) and _tma_layout_ok(v))
+        with_tma = None
+        if tma:
+            # Not bound: a Bound launch reads data_ptr() of every argument, and K/V are descriptors
+            # here (Launch checks the alignment of the tensor arguments only).
+            with_tma = Launch(attention_fwd_ext_kernel, (b * hq * m_tiles,), dict(const, WIDE=wide, ADDR="tma"),
+                              device)
+            block = [1, 1, cfg["BLOCK_N"], block_d]
+            k_desc = (list(k.shape), list(k.stride()), block)
+            v_desc = (list(v.shape), list(v.stride()), block)
 
         def run(q, k, v, out, lse, slopes=None, key_mask=None, cu_q=None, cu_k=None, seq_k=None, table=None):
             if bool_mask:
                 key_mask = key_mask.view(torch.uint8)
+            if with_tma is not None and (k.data_ptr() | v.data_ptr()) % 16 == 0:
+                with_tma(q, _descriptor(k, *k_desc), _descriptor(v, *v_desc), out, lse,
+                         *pick(slopes, key_mask, cu_q, cu_k, seq_k, table), *ext, m_tiles)
+                return
             launch(q, k, v, out, lse, *pick(slopes, key_mask, cu_q, cu_k, seq_k, table))
         return run
 

@@ -133,7 +133,7 @@ def dk_mask(d_ok, SPLIT_D: tl.constexpr):
 
 
 @triton.jit
-def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
             MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -149,7 +149,8 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
 
     k_src/v_src: with ADDR "ptr"/"offs" pointers at key 0 of this program's kv head (64-bit
     offsets already applied) and k_tile/v_tile the in-tile offsets (k_offsets); with "tma" the
-    tensor descriptors, read at (kv_b, kv_h, key, 0). `rows` are the query indices of the tile's
+    tensor descriptors, read at (kv_b, kv_h, kv_row0 + key, 0) (kv_row0: a packed sequence's first
+    key row). `rows` are the query indices of the tile's
     rows (the window and ALiBi use them); dk_ok/dv_ok the head-dim masks shaped for the K and V
     tiles. With MASKED, keys j >= n_k and keys outside row i's window score -inf, which the verbs
     turn into p = 0 (and a fully masked row keeps m = -inf, l = 0). The score modifications of
@@ -179,8 +180,8 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         cols = start + offs_n
         key_ok = cols < n_k
         if ADDR == "tma":
-            k = k_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = v_src.load([kv_b, kv_h, start, 0]).reshape(BLOCK_N, BLOCK_D)
+            k = k_src.load([kv_b, kv_h, kv_row0 + start, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_src.load([kv_b, kv_h, kv_row0 + start, 0]).reshape(BLOCK_N, BLOCK_D)
         else:
             if PAGED:
                 # Page indices are clamped into the cache: a bad table entry (possible only where
@@ -271,7 +272,7 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
 
 
 @triton.jit
-def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, row_first, row_last, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -284,19 +285,19 @@ def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     start, full_lo, full_hi, end = masks.kv_ranges(lo, hi, row_first, row_last, offset, left, right,
                                                    HAS_LEFT, HAS_RIGHT, BLOCK_N)
     if HAS_LEFT:
-        acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+        acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                             rows, dk_ok, dv_ok, start, full_lo, n_k, offset, left, right, qk_scale,
                             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
                             stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
                             PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
                             KEY_MASK, PAGED)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                         rows, dk_ok, dv_ok, full_lo, full_hi, n_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
                         stride_kp, stride_vp, False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
                         PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
                         KEY_MASK, PAGED)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                         rows, dk_ok, dv_ok, full_hi, end, n_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
                         stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
@@ -407,7 +408,11 @@ def fwd_program(
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_last = tl.minimum(m0 + BLOCK_M, seq_q) - 1
-    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh32,
+    if VARLEN:  # descriptors over the (1, Hkv, total_k, D) view: the sequence's rows
+        tma_b = 0
+    else:
+        tma_b = b32
+    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, tma_b, kvh32, k_start,
                         rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn, BlockTable + b * stride_tb,
                         PAGE, n_pages, stride_kb, stride_vb,
