@@ -467,12 +467,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return (out, lse) if return_lse else out
 
 
-@torch.compiler.disable(recursive=False)
+@torch.compiler.disable
 def _attention_mods(q, k, v, scale, causal, offset: int, need_lse: bool, backend, deterministic: bool,
                     mods: Mods, extras: tuple):
     """ta.attention / masked_attention with a window, softcap, ALiBi or a key mask: the plan of
-    the signature plus mods, our autograd where a gradient is needed. (Not traced by torch.compile:
-    a graph break, the call itself runs eagerly.)"""
+    the signature plus mods, our autograd where a gradient is needed. (Not traced by torch.compile, nor
+    anything it calls: a graph break, the call runs eagerly.)"""
     plan = _plan_for(q, k, v, scale, causal, offset, need_lse, backend, mods)
     if not _grad_needed(q, k, v):
         return plan.forward(q, k, v, *extras)

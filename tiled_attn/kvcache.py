@@ -125,6 +125,7 @@ def _append(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table) -> None:
     v_cache.index_put_(index, v_new.transpose(1, 2))
 
 
+@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, block_table=None,
                       causal: bool = False, scale: float | None = None, window=None, softcap=None,
                       alibi_slopes=None, return_lse: bool = False, backend: str | None = None):

@@ -57,6 +57,7 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
                          f"rows in {name}")
 
 
+@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window=None, softcap=None,
                      alibi_slopes=None, return_lse: bool = False, deterministic: bool = False,

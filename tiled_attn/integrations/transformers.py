@@ -23,7 +23,9 @@ express — transformers' causal mask function, and its sliding-window causal ma
   (causal_offset = L − Nq: query i sits at absolute position q_offset + i). The mask carries a tag
   (attribute `_tiled_attn_mask` = (window left, every key valid)) with the window of the pattern
   it was built for: the window comes from the mask, as it does for "sdpa" and "eager", not from
-  the `sliding_window` keyword some models leave out (Qwen2-MoE).
+  the `sliding_window` keyword some models leave out (Qwen2-MoE). (An untagged 2-D mask — one
+  that lost the tag, e.g. moved between devices — is read with flash-attention's convention:
+  padding only, the window (sliding_window − 1, 0) from the keyword.)
 
 Anything else (or/and mask overlays, packed sequences, block-wise vision masks, chunked attention,
 bidirectional masks, allow_is_causal_skip=False — a model that edits the mask, or a static cache's
@@ -37,12 +39,15 @@ attention_forward routes each call:
    causal_offset=L − Nq, window=, softcap=). Our kernels, forward and backward (training).
 2. None: ta.scaled_dot_product_attention with transformers' sdpa flags (is_causal for Nq > 1, the
    empty tail of a static cache dropped), or ta.attention(causal=True, softcap=) with a softcap.
-3. what our kernels cannot express — a 4-D mask (transformers < 4.53 builds one for every call,
-   ≥ 4.53 in the fallbacks above), dropout_p > 0, a position bias, a paged (continuous batching)
-   cache, head dims or dtypes our kernels lack: transformers' own SDPA integration, unchanged (a
-   4-D mask that only pads keys still runs our kernels inside ta.scaled_dot_product_attention), or,
-   with a softcap (which torch's SDPA lacks), the eager softmax(softcap(q kᵀ) + mask) v that
-   transformers' eager path computes.
+3. a 4-D mask (transformers < 4.53 builds one for every call, ≥ 4.53 in the fallbacks above),
+   no softcap: ta.scaled_dot_product_attention with it, which runs our kernels where the mask only pads keys
+   (the same row for every query: a static cache's decode step, one query) and torch's SDPA
+   otherwise — "sdpa"'s result either way.
+4. what neither expresses — dropout_p > 0, a 4-D mask with a softcap, a position bias, a paged
+   (continuous batching) cache, head dims or dtypes our kernels lack: transformers' own SDPA
+   integration, unchanged, or, with a softcap (which torch's SDPA lacks; transformers' sdpa path
+   raises), the eager softmax(softcap(scale·q kᵀ) + mask) v that transformers' eager path
+   computes.
 
 transformers is imported only inside register(): importing tiled_attn never needs it.
 """
@@ -171,7 +176,9 @@ def tiled_attn_mask(*args, **kwargs):
         return fallback()
     if left >= 0 and n <= left + 1:
         left = -1  # the window hides no key from any query
-    batch, device = kwargs["batch_size"], kwargs.get("device", "cpu")
+    batch, device = kwargs["batch_size"], kwargs.get("device")
+    if device is None:  # transformers 4.53 ..: the device of the queries' positions
+        device = kwargs["cache_position"].device if kwargs.get("cache_position") is not None else "cpu"
     key_mask = None
     if attention_mask is not None:
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
