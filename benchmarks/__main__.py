@@ -1,9 +1,10 @@
 """`python -m benchmarks` (or `tiled-attn-bench`): the one-command benchmark against torch.
 
 On a CUDA machine: measures the ceilings (copy bandwidth, bf16 matmul rate), then runs the GPU
-suites (softmax ladder, softmax backward, attention grid, decode), each provider checked before it
-is timed, and writes <out>/<date>-<device>.{json,md} and one PNG per suite. On a CPU-only machine it
-runs the small CPU suite (torch backend, Triton interpreter at tiny sizes) instead.
+suites (softmax ladder, softmax backward, decode, varlen, KV cache, attention grid, attention
+backward, end to end), each provider checked before it is timed, and writes
+<out>/<date>-<device>.{json,md} and one PNG per suite. On a CPU-only machine it runs the small CPU
+suite (torch backend, Triton interpreter at tiny sizes) instead.
 
     python -m benchmarks                          # everything this machine can run
     python -m benchmarks --quick --suite softmax  # fewer shapes, shorter timing
@@ -24,7 +25,8 @@ from pathlib import Path
 # Attention runs last: it is the longest (one FlexAttention compile per shape), so a run that
 # reaches its budget loses the fewest suites.
 # overhead first (seconds), e2e last (minutes, the model pairs).
-GPU_SUITES = ("overhead", "softmax", "softmax_backward", "decode", "attention", "attention_backward", "e2e")
+GPU_SUITES = ("overhead", "softmax", "softmax_backward", "decode", "varlen", "kvcache", "attention",
+              "attention_backward", "e2e")
 ALIASES = {"softmax-backward": "softmax_backward", "attention-backward": "attention_backward", "backward": "softmax_backward",
            "bwd": "softmax_backward", "fwd": "softmax", "gpu": ",".join(GPU_SUITES)}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -78,9 +80,10 @@ def _suite_names(args, cuda: bool) -> list[str]:
 
 def _load_suites(names: list[str]) -> list:
     from . import (suite_attention, suite_attention_backward, suite_cpu, suite_decode, suite_e2e,
-                   suite_overhead, suite_softmax, suite_softmax_backward)
+                   suite_kvcache, suite_overhead, suite_softmax, suite_softmax_backward, suite_varlen)
     modules = {"softmax": [suite_softmax.SUITE], "softmax_backward": [suite_softmax_backward.SUITE],
                "attention": [suite_attention.SUITE], "decode": [suite_decode.SUITE],
+               "varlen": [suite_varlen.SUITE], "kvcache": [suite_kvcache.SUITE],
                "attention_backward": [suite_attention_backward.SUITE],
                "overhead": [suite_overhead.SUITE], "e2e": [suite_e2e.SUITE], "cpu": suite_cpu.SUITES}
     return [s for n in names for s in modules[n]]

@@ -12,7 +12,9 @@ attention kernels ran (ours: the Triton attention kernels; "sdpa": torch's, and 
 
 Measured, each pair interleaved (ours, theirs, ours, theirs, ...; median): prefill latency of one
 forward at N = 512, 2048, 8192 (batch 1, use_cache=False, logits_to_keep=1: the LM head on the last
-token only, as generation does); decode tokens/s through generate() (greedy, 128-token prompt, 64
+token only, as generation does); a padded prefill (batch 4 of 512, 1024, 1536 and 2048 tokens, each
+left-padded to 2048 with an attention_mask: transformers hands the padding mask to every layer,
+and the "tiled_attn" model must run it on our kernels, proven by its own profiler trace); decode tokens/s through generate() (greedy, 128-token prompt, 64
 new tokens, batch 1 and 8, after a warm-up generate); one training step (forward + backward of the
 causal-LM loss, N = 2048, batch 1, no optimizer step): `ours_ran` says our forward and backward
 kernels both ran in the "tiled_attn" step, `falls_back` that torch's SDPA kernels ran there instead
@@ -34,6 +36,7 @@ from . import harness as h
 # Our Triton attention kernels (the CUDA default backend) by name; torch's SDPA kernels on CUDA by
 # fragments of theirs (FA2 "pytorch_flash::", cuDNN's generated SDPA kernels, mem-efficient "fmha").
 OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_merge_kernel",
+                "attention_fwd_ext_kernel", "attention_decode_ext_kernel",  # masks, varlen, caches
                 "attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
 BACKWARD_KERNELS = ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
 TORCH_SDPA_KERNELS = ("pytorch_flash", "cudnn", "fmha", "efficient_attention", "sdpa")
@@ -105,18 +108,23 @@ class E2ESuite:
     title = "End to end: transformers Llama and examples/gpt.py, tiled_attn vs sdpa (bf16, eager)"
     device = "cuda"
 
-    def __init__(self, configs: dict):
+    def __init__(self, configs: dict, padded: tuple[int, ...] = (), pad_side: str = "left"):
         self.configs = configs  # name -> LlamaConfig keyword arguments
+        # the padded prefill: one batch row per length, padded on `pad_side` to the longest
+        self.padded, self.pad_side = tuple(padded), pad_side
 
     def describe(self, quick: bool) -> str:
-        return ("Llama-3.2-1B shape and a small Llama: prefill N=512/2048/8192, decode tokens/s "
-                "b=1/8, one training step; examples/gpt.py's GPT forward")
+        padded = (f", a {self.pad_side}-padded prefill of lengths {list(self.padded)}"
+                  if self.padded else "")
+        return ("Llama-3.2-1B shape and a small Llama: prefill N=512/2048/8192" + padded
+                + ", decode tokens/s b=1/8, one training step; examples/gpt.py's GPT forward")
 
     def run(self, cfg, configs=None, prefill=(512, 2048, 8192), batches=(1, 8), new_tokens=64,
-            prompt=128, train_n=2048, repeats=None, dtype=torch.bfloat16) -> dict:
+            prompt=128, train_n=2048, repeats=None, dtype=torch.bfloat16, padded=None) -> dict:
         t0 = time.perf_counter()
         device = cfg.device
         repeats = repeats or (3 if cfg.quick else 5)
+        padded = self.padded if padded is None else tuple(padded)
         records = []
         for cname, kw in (configs or self.configs).items():
             if cfg.quick and cname != "small" and configs is None:
@@ -155,6 +163,8 @@ class E2ESuite:
                 records.append(_record(label, "sdpa", "baseline", t["sdpa"] * 1e3, False))
                 records.append(_record(label, "tiled_attn", "ours", t["tiled_attn"] * 1e3, False,
                                        t["sdpa"] / t["tiled_attn"], ours_ran=ran, **proof))
+            if padded:
+                records += self._padded_prefill(cname, ours, theirs, vocab, padded, gen, repeats, device)
             for b in batches:
                 p = torch.randint(0, vocab, (b, prompt), generator=gen).to(device)
 
@@ -199,6 +209,40 @@ class E2ESuite:
                 "ceiling": None, "convention": "see the suite notes", "notes": __doc__.split("\n\n")[1].replace("\n", " "),
                 "baselines": [], "plot": {}, "elapsed_s": time.perf_counter() - t0, "capped": False,
                 "device_lost": "", "records": records, "markdown": _markdown(records)}
+
+    def _padded_prefill(self, cname, ours, theirs, vocab, lengths, gen, repeats, device) -> list[dict]:
+        """One forward of a batch of `lengths` padded to the longest with an attention_mask
+        (use_cache=False, logits_to_keep=1), each model's kernels proven by its own trace: the
+        proof of the unpadded prefill does not cover the masked path (masked_attention's ext
+        kernel on ours; a masked SDPA on theirs)."""
+        n = max(lengths)
+        ids = torch.randint(0, vocab, (len(lengths), n), generator=gen).to(device)
+        mask = torch.zeros(len(lengths), n, dtype=torch.long, device=device)
+        for i, length in enumerate(lengths):
+            if self.pad_side == "left":
+                mask[i, n - length:] = 1
+            else:
+                mask[i, :length] = 1
+
+        def fwd(m):
+            with torch.no_grad():
+                return m(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        ours_names, leaked = _which(_kernels(lambda: fwd(ours), device))
+        theirs_ours, theirs_sdpa = _which(_kernels(lambda: fwd(theirs), device))
+        ran = bool(ours_names) and not leaked
+        proof = dict(ours_kernels=ours_names, sdpa_kernels_in_ours=leaked,
+                     sdpa_model_kernels=theirs_sdpa, sdpa_model_ran_ours=bool(theirs_ours))
+        label = (f"{cname} prefill batch {len(lengths)} of {min(lengths)}..{n} {self.pad_side}-padded "
+                 f"to {n} (ms)")
+        records = []
+        if not ran or theirs_ours:
+            records.append(dict(suite=self.name, label=f"{cname} padded prefill proof", provider="tiled_attn",
+                                role="ours", status=h.FAILED, error=f"kernels: {proof}"))
+        t = _pair({"tiled_attn": lambda: fwd(ours), "sdpa": lambda: fwd(theirs)}, repeats, device)
+        records.append(_record(label, "sdpa", "baseline", t["sdpa"] * 1e3, False))
+        records.append(_record(label, "tiled_attn", "ours", t["tiled_attn"] * 1e3, False,
+                               t["sdpa"] / t["tiled_attn"], ours_ran=ran, **proof))
+        return records
 
     def _gpt(self, cfg, device, dtype, repeats):
         gpt = gpt_example()

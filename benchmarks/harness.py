@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +75,10 @@ class Op:
     work: Callable[[dict], float]               # bytes (GB/s) or FLOPs (TFLOP/s) of one call
     label: Callable[[dict], str]
     convention: str                             # one sentence: what `work` counts
+    # Where an input set holds several layouts of the same inputs (varlen: packed and padded;
+    # kvcache: contiguous and paged) and each provider reads one: the bytes one call reads, which
+    # the rotation counts instead of the whole set (else a small case's own layout stays in L2).
+    read_bytes: Callable[[dict], int] | None = None
 
 
 @dataclass
@@ -85,6 +90,13 @@ class Provider:
     available: Callable[[torch.device], str | None] | None = None   # None if usable, else why not
     supports: Callable[[dict], str | None] | None = None             # None if it covers the case
     graphable: bool = True
+    # Maps the timed call's own output layout to the op's, for the check only (never timed): e.g.
+    # a padded (B, H, N, D) batch's valid rows into varlen's packed (total, H, D).
+    output: Callable[[dict, tuple, Any], Any] | None = None
+    # The call syncs the host in eager calls (tiled_attn reads cu_seqlens / cache_seqlens /
+    # block_table once per call to check them) but never under CUDA-graph capture, where those
+    # checks are skipped: the graph column's pre-capture warm-up lets it (CudaTimer.measure).
+    host_syncs: bool = False
 
 
 @dataclass
@@ -213,7 +225,8 @@ class CudaTimer:
         # host cost included); the CUDA-graph replay (kernel time) is the second column.
         self.eager_first = eager_first
 
-    def measure(self, call: Callable[[int], Any], n_sets: int = 1, graphable: bool = True) -> Timing:
+    def measure(self, call: Callable[[int], Any], n_sets: int = 1, graphable: bool = True,
+                host_syncs: bool = False) -> Timing:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -257,14 +270,14 @@ class CudaTimer:
             t = self._events(call, n_sets, est, peak, note)
             if self.graphs and graphable:
                 try:
-                    t.graph_ms = self._graph(call, n_sets, est, peak).ms
+                    t.graph_ms = self._graph(call, n_sets, est, peak, host_syncs).ms
                 except Exception as err:  # capture refused: no second column for this row
                     torch.cuda.synchronize()
                     t.note = f"no graph column ({type(err).__name__}: {str(err)[:80]})"
             return t
         if self.graphs and graphable:
             try:
-                return self._graph(call, n_sets, est, peak)
+                return self._graph(call, n_sets, est, peak, host_syncs)
             except Exception as err:  # capture refused (a host sync, an uncapturable op): eager
                 torch.cuda.synchronize()
                 note = f"graph capture failed ({type(err).__name__}: {str(err)[:120]}); eager events"
@@ -284,15 +297,16 @@ class CudaTimer:
         return Timing(statistics.median(s.elapsed_time(e) for s, e in ev), n, "events", peak,
                       note)
 
-    def _graph(self, call, n_sets, est, peak) -> Timing:
+    def _graph(self, call, n_sets, est, peak, host_syncs: bool = False) -> Timing:
         per_graph = n_sets * max(1, math.ceil(2.0 / (est * n_sets)))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         prev = torch.cuda.get_sync_debug_mode()
         # A host sync (.item(), a blocking copy) cannot be captured: make torch raise on one in
         # this eager warm-up (on a side stream before capture, as torch asks) instead of
-        # finding out inside the capture.
-        torch.cuda.set_sync_debug_mode("error")
+        # finding out inside the capture. A provider that syncs only outside a capture
+        # (Provider.host_syncs) warms up without that check.
+        torch.cuda.set_sync_debug_mode(prev if host_syncs else "error")
         try:
             with torch.cuda.stream(side):
                 for i in range(min(3, n_sets)):
@@ -474,7 +488,9 @@ class _CaseData:
         return self.sets[0]
 
     def all_sets(self) -> list[tuple]:
-        n = rotation_sets(_nbytes(self.first()), self.cfg.device)
+        op = self.suite.op
+        n = rotation_sets(op.read_bytes(self.case) if op.read_bytes else _nbytes(self.first()),
+                          self.cfg.device)
         while len(self.sets) < n:
             self.sets.append(self._make(len(self.sets)))
         return self.sets
@@ -533,6 +549,8 @@ def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
                 warnings.simplefilter("ignore")
                 out = p.fn(case, inputs)
                 _sync(cfg.device)
+                if p.output:
+                    out = p.output(case, inputs, out)
         except Exception as err:
             if not _device_alive(cfg.device):
                 raise DeviceLost(f"{suite.name} {suite.op.label(case)} {name}: {_describe(err)}") from err
@@ -552,7 +570,7 @@ def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t = cfg.timer.measure(lambda i: fn(case, sets[i % len(sets)]), len(sets),
-                                      p.graphable)
+                                      p.graphable, **({"host_syncs": True} if p.host_syncs else {}))
         except Exception as err:
             if not _device_alive(cfg.device):
                 raise DeviceLost(f"{suite.name} {suite.op.label(case)} {name}: {_describe(err)}") from err
@@ -783,6 +801,195 @@ DECODE = Op(
     label=lambda c: f"B={c['B']} Nk={c['Nk']} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']} {c['dtype']}",
     convention="bytes = the K/V read once (2·B·Hkv·Nk·D·elem); the % compares these read bytes/s "
                "with the copy's (read + write) bytes/s",
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# varlen (issue 15): packed ragged sequences, flash_attn_varlen_func's layout
+# ----------------------------------------------------------------------------------------------
+VARLEN_SEED = 15  # the lengths of a varlen case are fixed by (T, lo, hi) and this seed
+
+
+def ragged_lengths(total: int, lo: int, hi: int, seed: int = VARLEN_SEED) -> tuple[int, ...]:
+    """Sequence lengths in [lo, hi] summing to `total`, each drawn uniformly (random.Random(seed))
+    among those that leave a remainder still splittable into such lengths. lo == hi: total // lo
+    equal sequences."""
+    def splittable(r):  # r is a sum of k >= 0 lengths in [lo, hi]
+        return r == 0 or -(-r // hi) <= r // lo
+
+    if not 0 < lo <= hi or total <= 0 or not splittable(total):
+        raise ValueError(f"no lengths in [{lo}, {hi}] sum to {total}")
+    rng, lens, left = random.Random(seed), [], total
+    while left > hi:
+        n = rng.choice([n for n in range(lo, hi + 1) if splittable(left - n)])
+        lens.append(n)
+        left -= n
+    lens.append(left)
+    return tuple(lens)
+
+
+def varlen_lengths(c: dict) -> tuple[int, ...]:
+    return ragged_lengths(c["T"], c["lo"], c["hi"])
+
+
+def varlen_pairs(c: dict) -> int:
+    """Valid (query, key) pairs of one head: sum over sequences of L² (L(L+1)/2 causal)."""
+    return sum(n * (n + 1) // 2 if c["causal"] else n * n for n in varlen_lengths(c))
+
+
+class VarlenInputs(NamedTuple):
+    """One input set of a varlen case, in every provider's layout (made once, never timed)."""
+    q: torch.Tensor       # packed (T, Hq, D)
+    k: torch.Tensor       # packed (T, Hkv, D)
+    v: torch.Tensor
+    cu: torch.Tensor      # int32 (B + 1,): cu_seqlens, the same for q and k
+    max_len: int
+    qp: torch.Tensor      # right-padded (B, Hq, M, D) contiguous, zeros past each length, M = max_len
+    kp: torch.Tensor      # (B, Hkv, M, D)
+    vp: torch.Tensor
+    valid: torch.Tensor   # (B, M) bool: the rows of each sequence in the padded batch
+    kr: torch.Tensor      # kp / vp repeated to Hq heads: SDPA with a mask has no GQA but in math
+    vr: torch.Tensor
+    mask: torch.Tensor    # (B, 1, M, M) bool, SDPA's attn_mask: valid keys (and j <= i if causal)
+    doc: torch.Tensor     # (T,) int32: each packed row's sequence, FlexAttention's document mask
+
+
+def _varlen_inputs(c, dev, g) -> VarlenInputs:
+    lens = varlen_lengths(c)
+    b, m, t = len(lens), max(lens), sum(lens)
+    q, k, v = (_randn((t, h, c["D"]), c, dev, g) for h in (c["Hq"], c["Hkv"], c["Hkv"]))
+    ends = [0]
+    for n in lens:
+        ends.append(ends[-1] + n)
+    cu = torch.tensor(ends, dtype=torch.int32, device=dev)
+    lens_t = torch.tensor(lens, device=dev)
+    valid = torch.arange(m, device=dev)[None, :] < lens_t[:, None]
+
+    def pad(x):  # (T, H, D) -> (B, H, M, D)
+        out = x.new_zeros(b, m, x.shape[1], x.shape[2])
+        out[valid] = x
+        return out.transpose(1, 2).contiguous()
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    group = c["Hq"] // c["Hkv"]
+    mask = valid[:, None, None, :].expand(b, 1, m, m)
+    if c["causal"]:
+        mask = mask & torch.ones(m, m, dtype=torch.bool, device=dev).tril()
+    doc = torch.repeat_interleave(torch.arange(b, dtype=torch.int32, device=dev), lens_t)
+    return VarlenInputs(q, k, v, cu, m, qp, kp, vp, valid, kp.repeat_interleave(group, 1),
+                        vp.repeat_interleave(group, 1), mask.contiguous(), doc)
+
+
+def _per_sequence(c, inp, attn) -> list[tuple[int, int, Any]]:
+    """attn(q, k, v) on each sequence's (1, H, L, D) views of the packed tensors."""
+    out, start = [], 0
+    for n in varlen_lengths(c):
+        if n:
+            views = (x[start:start + n].transpose(0, 1).unsqueeze(0) for x in (inp.q, inp.k, inp.v))
+            out.append((start, start + n, attn(*views)))
+        start += n
+    return out
+
+
+def varlen_reference(c, inp) -> tuple[torch.Tensor, str]:
+    """attention_reference per sequence (float64; float32 for a sequence above
+    REF_FLOAT64_MAX_SCORES score elements), packed (T, Hq, D)."""
+    out = torch.zeros(inp.q.shape, dtype=torch.float64, device=inp.q.device)
+    names = {"fp64"}
+    for s, e, (r, name) in _per_sequence(c, inp, lambda q, k, v: attention_reference(q, k, v, c["causal"])):
+        out[s:e] = r[0].transpose(0, 1)
+        names.add(name)
+    return out, "fp32" if "fp32" in names else "fp64"
+
+
+def _varlen_torch(c, inp) -> torch.Tensor:
+    """torch's own op in the input dtype: SDPA on each sequence alone (no mask needed)."""
+    out = torch.empty_like(inp.q)
+    for s, e, o in _per_sequence(c, inp, lambda q, k, v: _sdpa_default(q, k, v, c["causal"])):
+        out[s:e] = o[0].transpose(0, 1)
+    return out
+
+
+def _varlen_label(c) -> str:
+    lens = varlen_lengths(c)
+    seqs = f"{len(lens)}x{lens[0]}" if len(set(lens)) == 1 else \
+        f"{len(lens)} seqs {min(lens)}..{max(lens)}"
+    return (f"T={c['T']} {seqs} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']}"
+            f"{' causal' if c['causal'] else ''} {c['dtype']}")
+
+
+VARLEN = Op(
+    name="varlen", unit="TFLOP/s", ceiling="matmul_tflops",
+    make_inputs=_varlen_inputs,
+    reference=varlen_reference,
+    torch_output=_varlen_torch,
+    work=lambda c: 4 * c["D"] * c["Hq"] * varlen_pairs(c),
+    label=_varlen_label,
+    convention="FLOPs = 4·D·Hq·(valid (query, key) pairs): Σ_b L_b² (L_b(L_b+1)/2 causal) over "
+               "the packed sequences, for every provider, so padded work counts as waste; % of "
+               "the measured dense matmul rate",
+    read_bytes=lambda c: c["T"] * (c["Hq"] + 2 * c["Hkv"]) * c["D"] * _esize(c),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# kvcache (issue 15): decode against a KV cache, contiguous and paged
+# ----------------------------------------------------------------------------------------------
+KVCACHE_PAGE_SIZES = (16, 64, 256)  # every input set holds the cache paged at each of these
+
+
+class KVCacheInputs(NamedTuple):
+    q: torch.Tensor          # (B, Hq, Nq, D)
+    k_cache: torch.Tensor    # (B, Nk, Hkv, D): full, every row Nk keys long
+    v_cache: torch.Tensor
+    seqlens: torch.Tensor    # (B,) int32, = Nk
+    pages: dict              # page size -> (k pages, v pages (B·Nk/page, page, Hkv, D), block table)
+
+
+def _kvcache_inputs(c, dev, g) -> KVCacheInputs:
+    b, nk, hkv, d = c["B"], c["Nk"], c["Hkv"], c["D"]
+    q = _randn((b, c["Hq"], c["Nq"], d), c, dev, g)
+    kc, vc = (_randn((b, nk, hkv, d), c, dev, g) for _ in range(2))
+    pages = {}
+    for size in KVCACHE_PAGE_SIZES:
+        if nk % size:
+            raise ValueError(f"Nk = {nk} is not a multiple of the page size {size}")
+        per = nk // size
+        # shuffled: row b's page i is anywhere in the pool
+        table = torch.randperm(b * per, generator=g, device=dev).view(b, per)
+        kp, vp = (torch.empty(b * per, size, hkv, d, dtype=kc.dtype, device=dev) for _ in range(2))
+        kp[table] = kc.view(b, per, size, hkv, d)
+        vp[table] = vc.view(b, per, size, hkv, d)
+        pages[size] = (kp, vp, table.to(torch.int32))
+    return KVCacheInputs(q, kc, vc, torch.full((b,), nk, dtype=torch.int32, device=dev), pages)
+
+
+def sdpa_bottom_right(q, k, v, causal: bool = True):
+    """SDPA with the queries as the last Nq positions (flash-attn's / ta's causal alignment):
+    torch.nn.attention.bias.causal_lower_right, GQA through enable_gqa."""
+    kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if not causal or q.shape[2] == 1:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    from torch.nn.attention.bias import causal_lower_right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]), **kw)
+
+
+def _kv_bytes(c) -> int:
+    return (2 * c["B"] * c["Nk"] * c["Hkv"] * c["D"] + 2 * c["B"] * c["Hq"] * c["Nq"] * c["D"]) * _esize(c)
+
+
+KVCACHE = Op(
+    name="kvcache", unit="GB/s", ceiling="copy_gbps",
+    make_inputs=_kvcache_inputs,
+    reference=lambda c, inp: attention_reference(inp.q, inp.k_cache.transpose(1, 2),
+                                                 inp.v_cache.transpose(1, 2), True),
+    torch_output=lambda c, inp: sdpa_bottom_right(inp.q, inp.k_cache.transpose(1, 2),
+                                                  inp.v_cache.transpose(1, 2)),
+    work=_kv_bytes,
+    label=lambda c: f"B={c['B']} Nq={c['Nq']} Nk={c['Nk']} Hq={c['Hq']} Hkv={c['Hkv']} D={c['D']} {c['dtype']}",
+    convention="bytes = the valid K/V read once (2·B·Nk·Hkv·D·elem) + q read + out written "
+               "(2·B·Hq·Nq·D·elem), causal with the Nq queries as the last positions; the % "
+               "compares these bytes/s with the copy's (read + write) bytes/s",
+    read_bytes=_kv_bytes,
 )
 
 
@@ -1098,3 +1305,122 @@ def max_cols(limit: int, why: str) -> Callable[[dict], str | None]:
     def supports(case):
         return None if case["N"] <= limit else f"{why}: rows of <= {limit} columns only"
     return supports
+
+
+# ----------------------------------------------------------------------------------------------
+# varlen and kvcache providers (issue 15)
+# ----------------------------------------------------------------------------------------------
+def _unpad(case, inputs, out):
+    """A padded (B, H, M, D) output's valid rows, packed (T, H, D): for the check only."""
+    return out.transpose(1, 2)[inputs.valid]
+
+
+def varlen_attention(backend: str | None = None) -> Provider:
+    """ta.attention_varlen on the packed tensors (backend None: "default", what a user gets)."""
+    def fn(c, inp):
+        return ta.attention_varlen(inp.q, inp.k, inp.v, inp.cu, inp.cu, inp.max_len, inp.max_len,
+                                   causal=c["causal"], backend=backend)
+    return Provider(backend or "default", fn, host_syncs=True,
+                    available=None if backend is None else _attention_available(backend))
+
+
+def varlen_dense() -> Provider:
+    """ta.attention (the dense kernel, no mask) on the right-padded (B, Hq, M, D) batch: exact
+    where every sequence has the same length (no padding: the 0.95x bar's denominator) and for
+    causal (a valid query sees only keys before it); the padded rows are computed and dropped."""
+    def supports(c):
+        if c["causal"] or len(set(varlen_lengths(c))) == 1:
+            return None
+        return "the dense kernel has no key mask: padded keys would be attended (see dense-masked)"
+    return Provider("dense", lambda c, inp: ta.attention(inp.qp, inp.kp, inp.vp, causal=c["causal"]),
+                    supports=supports, output=_unpad)
+
+
+def varlen_dense_masked() -> Provider:
+    """Our kernel with a key-padding mask (tiled_attn.attention.masked_attention: what
+    ta.scaled_dot_product_attention and transformers' padded batches run) on the padded batch."""
+    def fn(c, inp):
+        from tiled_attn.attention import masked_attention
+        return masked_attention(inp.qp, inp.kp, inp.vp, inp.valid, causal=c["causal"])
+    return Provider("dense-masked", fn, output=_unpad)
+
+
+def varlen_sdpa(backend: str | None = None) -> Provider:
+    """F.scaled_dot_product_attention on the padded batch with the equivalent boolean (B, 1, M, M)
+    mask, K/V repeated to Hq heads beforehand (untimed: with a mask SDPA's GQA runs only its math
+    backend); one backend pinned as in sdpa()."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fn(c, inp):
+        ctx = (contextlib.nullcontext() if backend is None
+               else sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]))
+        with ctx:
+            return F.scaled_dot_product_attention(inp.qp, inp.kr, inp.vr, attn_mask=inp.mask)
+    return Provider("sdpa" if backend is None else f"sdpa-{backend}", _call_quietly(fn),
+                    role="baseline", output=_unpad)
+
+
+def _document_mod(doc: torch.Tensor, causal: bool):
+    def same_document(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    def causal_document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+    return causal_document if causal else same_document
+
+
+def varlen_flex() -> Provider:
+    """FlexAttention on the packed sequence as one (1, H, T, D) batch with the document block mask
+    (and causal), torch.compile(dynamic=False), GQA through enable_gqa: the block mask is made once
+    per case, the compile happens in the checked first call (never timed)."""
+    state: dict = {}
+
+    def fn(c, inp):
+        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        if "f" not in state:
+            _raise_recompile_limits()
+            state["f"] = torch.compile(flex, dynamic=False)
+        key = tuple(sorted(c.items()))
+        if state.get("key") != key:
+            state.pop("mask", None)
+            t = inp.q.shape[0]
+            state["mask"] = create_block_mask(_document_mod(inp.doc, c["causal"]), None, None, t, t,
+                                              device=inp.q.device)
+            state["key"] = key
+        q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (inp.q, inp.k, inp.v))
+        return state["f"](q, k, v, block_mask=state["mask"], enable_gqa=q.shape[1] != k.shape[1])
+    return Provider("flex", fn, role="baseline", output=lambda c, inp, out: out[0].transpose(0, 1),
+                    available=lambda d: None if d.type == "cuda" else "GPU suites only")
+
+
+def kvcache_attention(page: int | None = None, backend: str | None = None) -> Provider:
+    """ta.attention_kvcache on the contiguous (B, Nk, Hkv, D) cache ("contiguous"), or with a
+    shuffled block table on the cache paged at `page` ("paged-<page>"); causal, no append."""
+    if page is not None and page not in KVCACHE_PAGE_SIZES:
+        raise ValueError(f"page size {page} is not one of KVCACHE_PAGE_SIZES {KVCACHE_PAGE_SIZES}")
+
+    def fn(c, inp):
+        if page is None:
+            return ta.attention_kvcache(inp.q, inp.k_cache, inp.v_cache, inp.seqlens, causal=True,
+                                        backend=backend)
+        kp, vp, table = inp.pages[page]
+        return ta.attention_kvcache(inp.q, kp, vp, inp.seqlens, block_table=table, causal=True,
+                                    backend=backend)
+    name = "contiguous" if page is None else f"paged-{page}"
+    return Provider(name if backend is None else f"{name}:{backend}", fn, host_syncs=True,
+                    available=None if backend is None else _attention_available(backend))
+
+
+def kvcache_dense() -> Provider:
+    """ta.attention (our plain decode kernel, no cache API) on the contiguous cache's (B, Hkv, Nk,
+    D) view: what the cache API costs over it."""
+    return Provider("dense", lambda c, inp: ta.attention(inp.q, inp.k_cache.transpose(1, 2),
+                                                         inp.v_cache.transpose(1, 2), causal=True))
+
+
+def kvcache_sdpa() -> Provider:
+    """F.scaled_dot_product_attention on the contiguous cache's valid keys ((B, Hkv, Nk, D) view),
+    enable_gqa, bottom-right causal for Nq > 1 (sdpa_bottom_right)."""
+    return Provider("sdpa", _call_quietly(lambda c, inp: sdpa_bottom_right(
+        inp.q, inp.k_cache.transpose(1, 2), inp.v_cache.transpose(1, 2))), role="baseline")

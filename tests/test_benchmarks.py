@@ -33,8 +33,9 @@ class FakeTimer:
     def __init__(self):
         self.calls = 0
 
-    def measure(self, call, n_sets=1, graphable=True):
+    def measure(self, call, n_sets=1, graphable=True, **kw):
         self.calls += 1
+        self.kw = kw
         call(0)
         return h.Timing(1.0, 1, "fake", None)
 
@@ -344,7 +345,7 @@ class CyclingTimer:
     def __init__(self, n):
         self.n = n
 
-    def measure(self, call, n_sets=1, graphable=True):
+    def measure(self, call, n_sets=1, graphable=True, **kw):
         for i in range(self.n):
             call(i % n_sets)
         return h.Timing(1.0, self.n, "fake", None)
@@ -480,6 +481,255 @@ def test_attention_backward_is_a_gpu_suite(capsys):
 
 
 # ----------------------------------------------------------------------------------------------
+# varlen and kvcache (issue 15): grids, counts, the harness hooks they use, CPU runs
+# ----------------------------------------------------------------------------------------------
+def test_varlen_and_kvcache_are_gpu_suites_before_attention():
+    order = list(cli.GPU_SUITES)
+    assert order.index("varlen") < order.index("attention")
+    assert order.index("kvcache") < order.index("attention")
+    assert "varlen" in cli._suite_names(cli.parse_args(["--suite", "gpu"]), True)
+    suites = {s.name: s for s in cli._load_suites(["varlen", "kvcache"])}
+    assert set(suites) == {"varlen", "kvcache"}
+    assert all(s.device == "cuda" and s.dtypes == ("bf16",) for s in suites.values())
+
+
+@pytest.mark.parametrize("total,lo,hi", [(16384, 128, 4096), (16384, 2048, 2048), (100, 8, 40),
+                                         (1000, 100, 150), (7, 7, 7)])
+def test_ragged_lengths(total, lo, hi):
+    lens = h.ragged_lengths(total, lo, hi)
+    assert sum(lens) == total and all(lo <= n <= hi for n in lens)
+    assert lens == h.ragged_lengths(total, lo, hi)  # a fixed seed: the same list every time
+    if lo == hi:
+        assert lens == (lo,) * (total // lo)
+    with pytest.raises(ValueError):
+        h.ragged_lengths(lo - 1, lo, hi)
+
+
+def test_varlen_grid_matches_the_issue():
+    from benchmarks import suite_varlen as sv
+    s = sv.SUITE
+    cases = s.cases()
+    assert len(cases) == 8 and s.op is h.VARLEN and s.plot.kind == "bars"
+    assert {(c["D"], c["causal"]) for c in cases} == {(d, c) for d in (64, 128) for c in (False, True)}
+    assert all(c["T"] == 16384 and c["Hq"] == 32 and c["Hkv"] == 8 for c in cases)
+    ragged = [c for c in cases if c["lo"] != c["hi"]]
+    uniform = [c for c in cases if c["lo"] == c["hi"]]
+    assert len(ragged) == len(uniform) == 4
+    lens = h.varlen_lengths(ragged[0])
+    assert sum(lens) == 16384 and min(lens) >= 128 and max(lens) <= 4096 and len(set(lens)) > 2
+    assert h.varlen_lengths(uniform[0]) == (2048,) * 8
+    quick = s.cases(quick=True)
+    assert quick and all(c in cases for c in quick) and len(quick) < len(cases)
+    names = [p.name for p in s.providers]
+    assert names == ["default", "dense", "dense-masked", "sdpa", "sdpa-efficient", "sdpa-cudnn", "flex"]
+    assert {"dense", "sdpa", "flex"} <= set(s.baselines) and "default" not in s.baselines
+    assert str(lens) in s.notes  # the exact lengths are written down
+    # FLOPs on valid pairs only, by hand: 4·D·Hq·Σ L² (L(L+1)/2 causal)
+    c = dict(T=100, lo=8, hi=40, Hq=4, Hkv=2, D=16, causal=False, dtype="bf16")
+    ls = h.varlen_lengths(c)
+    assert h.VARLEN.work(c) == 4 * 16 * 4 * sum(n * n for n in ls)
+    assert h.VARLEN.work(dict(c, causal=True)) == 4 * 16 * 4 * sum(n * (n + 1) // 2 for n in ls)
+    assert h.VARLEN.work(dict(cases[0], lo=2048, hi=2048, D=128, causal=False)) == 4 * 128 * 32 * 8 * 2048 ** 2
+    assert h.VARLEN.read_bytes(c) == 100 * (4 + 2 + 2) * 16 * 2
+    # the dense kernel (no mask) only where it is exact
+    dense = next(p for p in s.providers if p.name == "dense")
+    assert dense.supports(dict(c, causal=False)) and dense.supports(dict(c, causal=True)) is None
+    assert dense.supports(dict(c, lo=20, hi=20, T=100)) is None
+
+
+def test_varlen_inputs_are_one_batch_in_every_layout():
+    c = dict(T=90, lo=8, hi=40, Hq=4, Hkv=2, D=8, causal=True, dtype="fp32")
+    inp = h.VARLEN.make_inputs(c, CPU, torch.Generator().manual_seed(fresh_seed()))
+    lens = h.varlen_lengths(c)
+    b, m = len(lens), max(lens)
+    assert inp.cu.dtype == torch.int32 and inp.cu.tolist()[-1] == 90 and inp.max_len == m
+    assert inp.qp.shape == (b, 4, m, 8) and inp.kp.shape == (b, 2, m, 8) and inp.kr.shape == (b, 4, m, 8)
+    assert inp.mask.shape == (b, 1, m, m) and inp.valid.shape == (b, m) and inp.doc.shape == (90,)
+    start = 0
+    for i, n in enumerate(lens):
+        torch.testing.assert_close(inp.qp[i, :, :n], inp.q[start:start + n].transpose(0, 1), rtol=0, atol=0)
+        assert not inp.qp[i, :, n:].any() and int(inp.valid[i].sum()) == n
+        assert (inp.doc[start:start + n] == i).all()
+        assert inp.mask[i, 0, n - 1, :n].all() and not inp.mask[i, 0, 0, 1:].any()  # causal
+        start += n
+    torch.testing.assert_close(h._unpad(c, inp, inp.qp), inp.q, rtol=0, atol=0)
+    torch.testing.assert_close(inp.kr[:, 1], inp.kp[:, 0], rtol=0, atol=0)  # GQA repeat, group 2
+
+
+def test_kvcache_grid_matches_the_issue():
+    from benchmarks import suite_kvcache as sk
+    s = sk.SUITE
+    cases = s.cases()
+    assert {(c["Nq"], c["B"], c["Nk"]) for c in cases} == {
+        (nq, b, nk) for nq in (1, 4) for b in (1, 8, 32) for nk in (4096, 32768)} and len(cases) == 12
+    assert all(c["Hq"] == 32 and c["Hkv"] == 8 and c["D"] == 128 and c["dtype"] == "bf16" for c in cases)
+    quick = s.cases(quick=True)
+    assert quick and all(c in cases for c in quick) and len(quick) < len(cases)
+    names = [p.name for p in s.providers]
+    assert names == ["contiguous", "paged-16", "paged-64", "paged-256", "dense", "sdpa"]
+    assert set(s.baselines) == {"contiguous", "sdpa"} and h.KVCACHE_PAGE_SIZES == (16, 64, 256)
+    assert all(c["Nk"] % max(h.KVCACHE_PAGE_SIZES) == 0 for c in cases)
+    # bytes by hand: K and V (valid keys) once, q read and out written
+    c = dict(B=32, Nq=4, Nk=32768, Hq=32, Hkv=8, D=128, dtype="bf16")
+    assert h.KVCACHE.work(c) == 2 * (2 * 32 * 32768 * 8 * 128 + 2 * 32 * 32 * 4 * 128) == 4297064448
+    assert h.KVCACHE.read_bytes(c) == h.KVCACHE.work(c)
+    with pytest.raises(ValueError):
+        h.kvcache_attention(32)
+
+
+def test_kvcache_pages_hold_the_cache():
+    c = dict(B=3, Nq=2, Nk=512, Hq=4, Hkv=2, D=8, dtype="fp32")
+    inp = h.KVCACHE.make_inputs(c, CPU, torch.Generator().manual_seed(fresh_seed()))
+    assert inp.seqlens.dtype == torch.int32 and inp.seqlens.tolist() == [512] * 3
+    for size, (kp, vp, table) in inp.pages.items():
+        assert table.dtype == torch.int32 and table.shape == (3, 512 // size)
+        assert sorted(table.flatten().tolist()) == list(range(3 * 512 // size))  # each page once
+        assert table.flatten().tolist() != sorted(table.flatten().tolist())  # shuffled
+        j = torch.arange(512)
+        for b in range(3):
+            rows = table[b].long()[j // size]
+            torch.testing.assert_close(kp[rows, j % size], inp.k_cache[b], rtol=0, atol=0)
+            torch.testing.assert_close(vp[rows, j % size], inp.v_cache[b], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("nq", [1, 3])
+def test_sdpa_bottom_right_is_the_reference_alignment(nq):
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(2, 4, nq, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 11, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    torch.testing.assert_close(h.sdpa_bottom_right(q, k, v), reference.attention(q, k, v, causal=True))
+
+
+def test_provider_output_hook_checks_but_is_not_timed():
+    """Provider.output maps the timed call's own layout for the check only; Provider.host_syncs
+    reaches the timer; Op.read_bytes sizes the rotation."""
+    timed = []
+
+    def transposed(case, inputs):  # its own layout: the softmax's transpose
+        out = torch.softmax(inputs[0], -1).t()
+        timed.append(out.shape)
+        return out
+    back = lambda c, inp, out: out.t()  # noqa: E731
+    timer = FakeTimer()
+    suite = _tiny_suite([h.Provider("t", transposed, output=back, host_syncs=True),
+                         h.Provider("t-unmapped", transposed)], baselines=())
+    recs = _by_provider(h.run_suite(suite, _cfg(timer)))
+    assert [r["status"] for r in recs["t"]] == [h.OK, h.OK]
+    assert [r["status"] for r in recs["t-unmapped"]] == [h.FAILED, h.FAILED]
+    assert "shape" in recs["t-unmapped"][0]["error"]
+    # per case: "t" checked and timed, "t-unmapped" checked; every call gave its own (N, M) layout
+    assert len(timed) == 3 * len(suite.shapes) and all(n > m for n, m in timed)
+    assert timer.kw == {"host_syncs": True}
+
+
+def test_read_bytes_sizes_the_rotation(monkeypatch):
+    import dataclasses
+    monkeypatch.setattr(h, "l2_bytes", lambda device: 1 << 20)
+    seen = []
+    op = dataclasses.replace(h.SOFTMAX, read_bytes=lambda c: seen.append(c["N"]) or (1 << 19))
+    suite = dataclasses.replace(_tiny_suite([h.Provider("ours", _softmax)], baselines=()), op=op)
+    recs = h.run_suite(suite, _cfg(FakeTimer()))["records"]
+    assert seen and all(r["n_sets"] == h.rotation_sets(1 << 19, CPU) == 4 for r in recs)
+
+
+def test_varlen_suite_end_to_end_on_cpu(tmp_path):
+    """The suite's own providers on tiny CPU cases (ta.attention_varlen's Triton kernel in the
+    interpreter beside the default), a wrong provider FAILED; then the writers."""
+    import dataclasses
+
+    from benchmarks import suite_varlen as sv
+    wrong = h.Provider("wrong", lambda c, inp: 1.25 * inp.q)
+    shapes = [dict(T=96, lo=lo, hi=hi, Hq=4, Hkv=2, D=16, causal=c) for c in (False, True)
+              for lo, hi in ((8, 40), (24, 24))]
+    suite = dataclasses.replace(sv.SUITE, device="cpu", shapes=shapes, quick_shapes=None,
+                                providers=list(sv.SUITE.providers) + [h.varlen_attention("triton"), wrong])
+    result = h.run_suite(suite, _cfg(FakeTimer()))
+    recs = _by_provider(result)
+    status = {name: [r["status"] for r in rs] for name, rs in recs.items()}
+    ragged_nc = [r["case"]["lo"] != r["case"]["hi"] and not r["case"]["causal"] for r in recs["dense"]]
+    assert status["dense"] == [h.UNSUPPORTED if x else h.OK for x in ragged_nc]
+    for name in ("default", "triton", "dense-masked", "sdpa"):
+        assert set(status[name]) == {h.OK}, (name, [r["error"] for r in recs[name]])
+    assert set(status["flex"]) == {h.UNAVAILABLE} and set(status["wrong"]) == {h.FAILED}
+    for r in recs["default"]:
+        assert r["ref_dtype"] == "fp64" and r["e_ours"] <= r["tol"]
+        assert r["value"] == pytest.approx(h.VARLEN.work(r["case"]) / 1e-3 / 1e12)
+        assert "dense-masked" in r["ratios"] and "sdpa" in r["ratios"]
+    run = _run_dict([result])
+    json.loads(report.write_json(run, tmp_path / "r.json").read_text())
+    png = report.plot_suite(result, run["ceilings"]["cpu"], tmp_path / "p.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    md = report.write_markdown(run, tmp_path / "r.md", {suite.name: png.name}).read_text()
+    assert "| case | default |" in md and "T=96 4x24 Hq=4 Hkv=2 D=16 causal bf16" in md
+
+
+def test_kvcache_suite_end_to_end_on_cpu():
+    """The suite's providers on tiny CPU caches (Nk a multiple of every page size), the Triton
+    kernels in the interpreter for the contiguous and one paged cache."""
+    import dataclasses
+
+    from benchmarks import suite_kvcache as sk
+    shapes = [dict(B=2, Nq=nq, Nk=256, Hq=4, Hkv=2, D=16) for nq in (1, 4)]
+    extra = [h.kvcache_attention(None, "triton"), h.kvcache_attention(64, "triton")]
+    suite = dataclasses.replace(sk.SUITE, device="cpu", shapes=shapes, quick_shapes=None,
+                                providers=list(sk.SUITE.providers) + extra)
+    timer = FakeTimer()
+    recs = _by_provider(h.run_suite(suite, _cfg(timer)))
+    for name, rs in recs.items():
+        assert {r["status"] for r in rs} == {h.OK}, (name, [r["error"] for r in rs])
+    for r in recs["paged-64"]:
+        assert r["value"] == pytest.approx(h.KVCACHE.work(r["case"]) / 1e-3 / 1e9)
+        assert set(r["ratios"]) == {"contiguous", "sdpa"}
+
+
+def test_e2e_declares_the_padded_prefill(monkeypatch):
+    from benchmarks import end_to_end, suite_e2e
+    s = suite_e2e.SUITE
+    assert s.padded == (512, 1024, 1536, 2048) and s.pad_side == "left"
+    assert "left-padded prefill" in s.describe(False)
+    # the proof recognizes the kernels a masked call runs (the ext kernels), not only the dense ones
+    ours, theirs = end_to_end._which(["attention_fwd_ext_kernel", "attention_decode_ext_kernel",
+                                      "pytorch_flash::flash_fwd_kernel", "fmha_cutlassF_bf16"])
+    assert ours == ["attention_fwd_ext_kernel", "attention_decode_ext_kernel"] and len(theirs) == 2
+
+
+def test_e2e_padded_prefill_records_and_proof(monkeypatch):
+    """_padded_prefill on a tiny Llama on the CPU: the mask it builds, its records, and a proof that
+    fails when our kernels did not run (as on the CPU, where no Triton kernel launches)."""
+    pytest.importorskip("transformers")
+    from benchmarks import end_to_end
+    masks = []
+
+    class Model:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, input_ids, attention_mask, use_cache, logits_to_keep):
+            masks.append(attention_mask)
+            return input_ids
+
+    traces = {"ours": ["attention_fwd_ext_kernel", "gemm"], "theirs": ["fmha_cutlassF_bf16", "gemm"]}
+    calls = []
+
+    def kernels(fn, device):
+        calls.append(fn)
+        return traces["ours" if len(calls) % 2 else "theirs"]
+    monkeypatch.setattr(end_to_end, "_kernels", kernels)
+    suite = end_to_end.E2ESuite({}, padded=(3, 5, 8), pad_side="left")
+    gen = torch.Generator().manual_seed(0)
+    recs = suite._padded_prefill("m", Model("ours"), Model("theirs"), 100, (3, 5, 8), gen, 1, CPU)
+    assert [r["provider"] for r in recs] == ["sdpa", "tiled_attn"] and all(r["status"] == h.OK for r in recs)
+    assert recs[1]["ours_ran"] and recs[1]["ours_kernels"] == ["attention_fwd_ext_kernel"]
+    assert recs[1]["label"] == "m prefill batch 3 of 3..8 left-padded to 8 (ms)"
+    assert recs[1]["ratios"]["sdpa"] > 0
+    assert masks[0].tolist() == [[0] * 5 + [1] * 3, [0] * 3 + [1] * 5, [1] * 8]
+    traces["ours"] = ["gemm", "fmha_cutlassF_bf16"]  # torch's kernel in the tiled_attn model
+    calls.clear()
+    recs = suite._padded_prefill("m", Model("ours"), Model("theirs"), 100, (3, 5, 8), gen, 1, CPU)
+    assert recs[0]["status"] == h.FAILED and "proof" in recs[0]["label"] and not recs[-1]["ours_ran"]
+
+
+# ----------------------------------------------------------------------------------------------
 # The command line
 # ----------------------------------------------------------------------------------------------
 def test_cpu_suite_end_to_end_quick(tmp_path, monkeypatch):
@@ -535,7 +785,7 @@ def test_cuda_timer_graph_and_fallback():
     recs = _by_provider(h.run_suite(suite, cfg))
     (t,), (s,) = recs["torch.softmax"], recs["sync"]
     assert t["status"] == s["status"] == h.OK
-    assert t["timing"] == "graph" and s["timing"].startswith("events (graph capture failed")
+    assert t["timing"] == "cuda-graph" and s["timing"].startswith("events (graph capture failed")
     assert t["n_sets"] > 1 and t["peak_mb"] > 0 and t["value"] > 0
     # eager first (DESIGN §6): per-call events as the headline, the graph replay as a second column
     cfg.timer = h.CudaTimer(1.0, 5.0, eager_first=True)
@@ -543,3 +793,26 @@ def test_cuda_timer_graph_and_fallback():
     (t,), (s,) = recs["torch.softmax"], recs["sync"]
     assert t["timing"] == "events" and t["graph_ms"] > 0 and t["graph_value"] > 0
     assert s["timing"].startswith("events") and not s.get("graph_ms")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_timer_host_syncs_outside_capture():
+    """A provider that syncs the host in eager calls only (tiled_attn's cu_seqlens / block_table
+    checks, skipped under capture) gets the graph column when it says so (Provider.host_syncs)."""
+    def checks_on_host(case, inputs):
+        if not torch.cuda.is_current_stream_capturing():
+            assert inputs[0].isfinite().all().item()
+        return torch.softmax(inputs[0], -1)
+
+    suite = h.Suite(name="g", title="gpu", op=h.SOFTMAX, device="cuda",
+                    shapes=[dict(M=4096, N=1024)], dtypes=("bf16",),
+                    providers=[h.Provider("strict", checks_on_host),
+                               h.Provider("syncs", checks_on_host, host_syncs=True)])
+    cfg = h.RunConfig(device=torch.device("cuda"), timer=h.CudaTimer(1.0, 5.0, eager_first=True),
+                      ceilings={"copy_gbps": 1000.0}, seed=fresh_seed())
+    recs = _by_provider(h.run_suite(suite, cfg))
+    (strict,), (syncs,) = recs["strict"], recs["syncs"]
+    assert strict["status"] == syncs["status"] == h.OK
+    assert not strict.get("graph_ms") and "no graph column" in strict["timing"]
+    assert syncs["timing"] == "events" and syncs["graph_ms"] > 0
