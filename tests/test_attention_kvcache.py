@@ -306,8 +306,8 @@ def _bad_cases():
         "k_new_dim": (dict(new=1, k_new=z(2, 2, 1, 8), v_new=z(2, 2, 1, 8)), ValueError, "k_new"),
         "v_new_len": (dict(new=1, v_new=z(2, 2, 2, 16)), ValueError, "v_new"),
         "k_new_rank": (dict(new=1, k_new=z(2, 2, 16), v_new=z(2, 2, 16)), ValueError, "k_new"),
-        "k_new_dtype": (dict(new=1, k_new=z(2, 2, 1, 16, dtype=torch.float16), v_new=z(2, 2, 1, 16, dtype=torch.float16)),
-                        TypeError, "k_new"),
+        "k_new_dtype": (dict(new=1, k_new=z(2, 2, 1, 16, dtype=torch.float16),
+                             v_new=z(2, 2, 1, 16, dtype=torch.float16)), TypeError, "k_new"),
         # shapes
         "q_rank": (dict(q=z(2, 4, 16)), ValueError, r"\bq\b"),
         "k_cache_rank": (dict(k_cache=z(2, 8, 32), v_cache=z(2, 8, 32)), ValueError, "k_cache"),
@@ -364,6 +364,37 @@ def test_bad_input(name, backend, kernel_calls):
     for name_, t in zip(("k_cache", "v_cache"), pos[1:3]):
         if name_ in before and t.shape == before[name_].shape:
             assert torch.equal(t.detach(), before[name_]), f"{name_} was written before the input was refused"
+
+
+@pytest.mark.parametrize("bad", ["lens_negative", "lens_past", "table_negative", "table_past"])
+def test_bad_values_in_a_recycled_tensor(bad):
+    """A new cache_seqlens/block_table with bad values raises even where the allocator puts it at the
+    address of one checked before, freed since (CUDA's caching allocator hands the same block back
+    at once: a check remembered by address and version counter would pass it unread). No k_new:
+    an unchecked bad length must not reach the append."""
+    dev = device_for("triton")
+    q = torch.zeros(2, 4, 1, 16, device=dev)
+    kc = torch.randn(6, 4, 2, 16, device=dev)
+    lens_kept = torch.tensor([3, 7], dtype=torch.int32, device=dev)
+    table_kept = torch.tensor([[4, 1], [0, 3]], dtype=torch.int32, device=dev)
+    values = {"lens_negative": [3, -1], "lens_past": [3, 9], "table_negative": [[4, 1], [-1, 3]],
+              "table_past": [[4, 1], [0, 6]]}[bad]
+    for _ in range(3):
+        if bad.startswith("lens"):
+            good = torch.tensor([3, 7], dtype=torch.int32, device=dev)
+            ta.attention_kvcache(q, kc, kc, good, block_table=table_kept)
+            del good
+            bad_t = torch.tensor(values, dtype=torch.int32, device=dev)
+            with pytest.raises(ValueError, match="cache_seqlens"):
+                ta.attention_kvcache(q, kc, kc, bad_t, block_table=table_kept)
+        else:
+            good = torch.tensor([[4, 1], [0, 3]], dtype=torch.int32, device=dev)
+            ta.attention_kvcache(q, kc, kc, lens_kept, block_table=good)
+            del good
+            bad_t = torch.tensor(values, dtype=torch.int32, device=dev)
+            with pytest.raises(ValueError, match="block_table"):
+                ta.attention_kvcache(q, kc, kc, lens_kept, block_table=bad_t)
+        del bad_t
 
 
 def test_cuda_backend_refuses_kvcache(kernel_calls):

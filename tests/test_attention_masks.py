@@ -528,7 +528,8 @@ def _cpu_forward_cases():
         for j in range(2):
             shape = CPU_SHAPES[(2 * i + j) % len(CPU_SHAPES)]
             dtype = ALL_DTYPES[(i + j) % 3]
-            cases.append(pytest.param(shape, dtype, mods, id=f"{mods_id(mods)}-{'x'.join(map(str, shape))}-{DT[dtype]}"))
+            cases.append(pytest.param(shape, dtype, mods,
+                                      id=f"{mods_id(mods)}-{'x'.join(map(str, shape))}-{DT[dtype]}"))
     return cases
 
 

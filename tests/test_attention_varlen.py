@@ -325,6 +325,25 @@ def test_bad_input(name, backend, kernel_calls):
     assert kernel_calls == []
 
 
+@pytest.mark.parametrize("bad", [[1, 4, 10], [0, 6, 4], [0, 4, 11], [0, 7, 10]],
+                         ids=["start", "decreasing", "past", "max_seqlen"])
+def test_bad_values_in_a_recycled_tensor(bad):
+    """A new cu_seqlens tensor with bad values raises even where the allocator puts it at the address
+    of one checked before, freed since (CUDA's caching allocator hands the same block back at once:
+    a check remembered by address and version counter would pass it unread)."""
+    dev = device_for("triton")
+    q = torch.zeros(10, 2, 16, device=dev)
+    ck = torch.tensor([0, 4, 10], dtype=torch.int32, device=dev)
+    for _ in range(3):
+        good = torch.tensor([0, 4, 10], dtype=torch.int32, device=dev)
+        ta.attention_varlen(q, q, q, good, ck, 6, 6)
+        del good
+        bad_t = torch.tensor(bad, dtype=torch.int32, device=dev)
+        with pytest.raises(ValueError, match="cu_seqlens_q|max_seqlen_q"):
+            ta.attention_varlen(q, q, q, bad_t, ck, 6, 6)
+        del bad_t
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a second device")
 def test_cu_seqlens_on_another_device(kernel_calls):
     q = torch.zeros(10, 4, 16, device="cuda")

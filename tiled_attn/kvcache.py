@@ -21,6 +21,7 @@ reads a wrong key, never out of bounds.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -36,8 +37,16 @@ _CHECK_VALUES = os.environ.get("TILED_ATTN_CHECK_VALUES", "1") != "0"
 
 
 def _stamp(t):
-    """What identifies a small int tensor's values without reading them: address and version."""
-    return None if t is None else (t.data_ptr(), t._version, t.device)
+    """A small int tensor's state without reading it: its version counter (identity is checked
+    through weak references: a freed tensor's block comes back to the next tensor of its size)."""
+    return None if t is None else (t._version, t.device)
+
+
+def _same_as_last(seen, cache_seqlens, block_table) -> bool:
+    last = _CHECKED.get("last")
+    if last is None or last[0] != seen or last[1]() is not cache_seqlens:
+        return False
+    return block_table is None or (last[2] is not None and last[2]() is block_table)
 
 
 def _check_int_tensor(name: str, t, shape: tuple, device) -> None:
@@ -103,8 +112,8 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sca
     # never out of bounds.
     seen = (given_int if given_int is not None else _stamp(cache_seqlens), _stamp(block_table),
             tuple(k_cache.shape), n_new, capacity)
-    if _CHECK_VALUES and _host_checks_possible(q) and _CHECKED.get("last") != seen:
-        lens = cache_seqlens.tolist()
+    if _CHECK_VALUES and _host_checks_possible(q) and not _same_as_last(seen, cache_seqlens, block_table):
+        lens = [given_int] * b if given_int is not None else cache_seqlens.tolist()  # an int: no read-back
         if any(n < 0 for n in lens):
             raise ValueError(f"cache_seqlens must be >= 0, got {lens}")
         if any(n + n_new > capacity for n in lens):
@@ -118,20 +127,23 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sca
                 if any(not 0 <= p < k_cache.shape[0] for p in used):
                     raise ValueError(f"block_table[{r}] has page indices outside [0, {k_cache.shape[0]}) "
                                      f"among the {len(used)} pages its {n + n_new} keys use: {used}")
-        _CHECKED["last"] = seen
+        _CHECKED["last"] = (seen, weakref.ref(cache_seqlens), None if block_table is None else weakref.ref(block_table))
     return cache_seqlens, n_new
 
 
 def _append(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table) -> None:
     """Write k_new/v_new (B, Hkv, Nq_new, D) at positions cache_seqlens[b] + t, in place."""
     b, n_new = k_new.shape[0], k_new.shape[2]
-    pos = cache_seqlens.long()[:, None] + torch.arange(n_new, device=k_new.device)[None, :]
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+    # Clamped into the cache like the kernels' reads: an unchecked bad length (graph capture,
+    # torch.compile, TILED_ATTN_CHECK_VALUES=0) writes a wrong slot, never out of bounds.
+    pos = (cache_seqlens.long()[:, None] + torch.arange(n_new, device=k_new.device)[None, :]).clamp(0, capacity - 1)
     rows = torch.arange(b, device=k_new.device)[:, None].expand(b, n_new)
     if block_table is None:
         index = (rows, pos)
     else:
         page = k_cache.shape[1]
-        index = (block_table.long()[rows, pos // page], pos % page)
+        index = (block_table.long()[rows, pos // page].clamp(0, k_cache.shape[0] - 1), pos % page)
     k_cache.index_put_(index, k_new.transpose(1, 2))
     v_cache.index_put_(index, v_new.transpose(1, 2))
 

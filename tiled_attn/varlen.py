@@ -18,6 +18,8 @@ out-of-bounds read).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from . import _checks, _mods, reference
@@ -49,8 +51,11 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
     # while the host waits): the same tensor, unmodified since (its version counter), with the
     # same bounds was checked already. A tensor written behind torch's back keeps its version;
     # the kernels clamp every sequence into the tensors, so such a value is wrong, never unsafe.
-    seen = (cu.data_ptr(), cu._version, cu.device, tuple(cu.shape), total, max_seqlen)
-    if _CHECKED.get(name) == seen:
+    # Identity through a weak reference: a freed tensor's block comes back from the caching
+    # allocator to the next one of its size, at version 0, so an address alone is not identity.
+    seen = (cu._version, total, max_seqlen)
+    last = _CHECKED.get(name)
+    if last is not None and last[0]() is cu and last[1] == seen:
         return
     values = cu.tolist()
     if values[0] != 0:
@@ -63,10 +68,10 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
     if lengths and max(lengths) > max_seqlen:
         raise ValueError(f"{max_name} = {max_seqlen} is smaller than a sequence of {max(lengths)} "
                          f"rows in {name}")
-    _CHECKED[name] = seen
+    _CHECKED[name] = (weakref.ref(cu), seen)
 
 
-_CHECKED: dict = {}  # the last cu_seqlens_q / cu_seqlens_k that passed, by (address, version, bounds)
+_CHECKED: dict = {}  # the last cu_seqlens_q / cu_seqlens_k that passed: (weak ref, (version, bounds))
 
 
 @torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
