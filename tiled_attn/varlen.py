@@ -54,7 +54,7 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
     # Identity through a weak reference: a freed tensor's block comes back from the caching
     # allocator to the next one of its size, at version 0, so an address alone is not identity.
     seen = (name, cu._version, total, max_seqlen)
-    last = _CHECKED.get(id(cu))
+    last = _CHECKED.get((id(cu), name))
     if last is not None and last[0]() is cu and last[1] == seen:
         return
     values = cu.tolist()
@@ -70,10 +70,10 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
                          f"rows in {name}")
     if len(_CHECKED) >= 256:  # the oldest go first (a training loop makes a new tensor per batch)
         del _CHECKED[next(iter(_CHECKED))]
-    _CHECKED[id(cu)] = (weakref.ref(cu), seen)
+    _CHECKED[(id(cu), name)] = (weakref.ref(cu), seen)  # one tensor may serve as both q's and k's
 
 
-# cu_seqlens tensors that passed, by id: (weak ref, (which, version, bounds)). A model calls varlen
+# cu_seqlens tensors that passed, by (id, which): (weak ref, (which, version, bounds)). A model calls varlen
 # once per layer with the same tensors, and a benchmark rotates a few: each is read back once.
 _CHECKED: dict = {}
 
