@@ -84,22 +84,30 @@ MODS = [dict(window=(5, 3)), dict(window=(7, -1), causal=True), dict(window=(-1,
         dict(softcap=2.0, alibi="head", window=(16, -1), causal=True)]
 
 
-@pytest.mark.parametrize("mods", MODS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_attention_mods_forward(shape, mods, seed):
+def _mods_case(shape, mods, dtype, gen, with_dout: bool = False):
+    """q, k, v (and dout) of a (Nq, Nk, D, Hq, Hkv) shape at B = 2, the mods as ta.attention's
+    keywords, and the ALiBi slopes ("alibi": "head" or "batch") drawn last."""
     nq, nk, d, hq, hkv = shape
-    gen = torch.Generator().manual_seed(seed)
-    dtype = DTYPES[seed % len(DTYPES)]
     b = 2
-    q = randn((b, hq, nq, d), dtype, DEVICE, gen)
-    k = randn((b, hkv, nk, d), dtype, DEVICE, gen)
-    v = randn((b, hkv, nk, d), dtype, DEVICE, gen)
+    tensors = [randn((b, hq, nq, d), dtype, DEVICE, gen), randn((b, hkv, nk, d), dtype, DEVICE, gen),
+               randn((b, hkv, nk, d), dtype, DEVICE, gen)]
+    if with_dout:
+        tensors.append(randn((b, hq, nq, d), dtype, DEVICE, gen))
     kw = dict(mods)
     alibi = kw.pop("alibi", None)
     slopes = None
     if alibi is not None:
-        shape_s = (hq,) if alibi == "head" else (b, hq)
-        slopes = (torch.rand(shape_s, generator=gen) * 0.5).to(DEVICE)
+        slopes = (torch.rand((hq,) if alibi == "head" else (b, hq), generator=gen) * 0.5).to(DEVICE)
+    return tensors, kw, slopes
+
+
+@pytest.mark.parametrize("mods", MODS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_mods_forward(shape, mods, seed):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = DTYPES[seed % len(DTYPES)]
+    (q, k, v), kw, slopes = _mods_case(shape, mods, dtype, gen)
+    b, hq, nq = q.shape[:3]
     out, lse = ta.attention(q, k, v, alibi_slopes=slopes, backend="triton", return_lse=True, **kw)
     check(out, q, k, v, dtype, seed, f"{shape} {mods} {dtype}", slopes=slopes, **kw)
     assert lse.shape == (b, hq, nq) and not torch.isnan(lse).any()
@@ -307,19 +315,9 @@ GRAD_MODS = [dict(window=(5, 3)), dict(window=(7, -1), causal=True), dict(softca
 @pytest.mark.parametrize("mods", GRAD_MODS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
 @pytest.mark.parametrize("shape", SHAPES[:2] if not HAS_CUDA else SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
 def test_attention_mods_backward(shape, mods, seed):
-    nq, nk, d, hq, hkv = shape
     gen = torch.Generator().manual_seed(seed)
     dtype = GRAD_DTYPES[seed % len(GRAD_DTYPES)]
-    b = 2
-    q = randn((b, hq, nq, d), dtype, DEVICE, gen)
-    k = randn((b, hkv, nk, d), dtype, DEVICE, gen)
-    v = randn((b, hkv, nk, d), dtype, DEVICE, gen)
-    dout = randn((b, hq, nq, d), dtype, DEVICE, gen)
-    kw = dict(mods)
-    alibi = kw.pop("alibi", None)
-    slopes = None
-    if alibi is not None:
-        slopes = (torch.rand((hq,) if alibi == "head" else (b, hq), generator=gen) * 0.5).to(DEVICE)
+    (q, k, v, dout), kw, slopes = _mods_case(shape, mods, dtype, gen, with_dout=True)
     check_grads(lambda q, k, v: ta.attention(q, k, v, alibi_slopes=slopes, backend="triton", **kw),
                 lambda q, k, v, **c: dense(q, k, v, slopes=slopes, **kw, **c), (q, k, v), dout, dtype, seed,
                 f"{shape} {mods} {dtype}")
