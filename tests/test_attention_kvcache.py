@@ -246,6 +246,32 @@ def test_strided_query(backend, seed):
     check_kvcache(out, lse, q, cache, lens, nq, seed, f"{backend} strided", causal=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_metadata(backend, seed):
+    """cache_seqlens a step-2 view and block_table a transposed one (column stride != 1): the
+    kernels read both at unit stride, so the call must hand them a layout they read right. Called
+    twice: the second call runs from the plan the first made."""
+    on_this_device(backend)
+    device = require(backend)
+    gen = torch.Generator().manual_seed(seed)
+    b, hq, hkv, d, nq, nmax, page = 3, 4, 2, 32, 2, 16, 4
+    cache = Cache(b, nmax, hkv, d, torch.float16, device, gen, page)
+    table = cache.table.t().contiguous().t()
+    assert table.stride(1) != 1 and torch.equal(table, cache.table)
+    lens = [5, 11, 2]
+    wide = torch.tensor([[n, -7] for n in lens], dtype=torch.int32, device=device)
+    seqlens = wide[:, 0]
+    assert seqlens.stride(0) == 2
+    for call in range(2):
+        q = randn((b, hq, nq, d), torch.float16, device, gen)
+        kn, vn = randn((b, hkv, nq, d), torch.float16, device, gen), randn((b, hkv, nq, d), torch.float16, device, gen)
+        out, lse = ta.attention_kvcache(q, cache.k_cache, cache.v_cache, seqlens, k_new=kn, v_new=vn,
+                                        block_table=table, causal=True, return_lse=True, backend=backend)
+        k_exp, v_exp = cache.append(lens, kn, vn)
+        assert torch.equal(cache.k_cache, k_exp) and torch.equal(cache.v_cache, v_exp), f"call {call}"
+        check_kvcache(out, lse, q, cache, lens, nq, seed, f"{backend} strided metadata call {call}", causal=True)
+
+
 def test_default_backend(seed, kernel_calls):
     """backend=None: triton on CUDA, the torch backend on the CPU."""
     device = device_for("torch")
@@ -446,3 +472,82 @@ def test_gpu_long_decode(page, seed):
     """Split-KV decode over a 32k paged cache, bf16, GQA 32/8 (the benchmark's shape), vs contiguous."""
     run_kvcache("triton", b=2, hq=32, hkv=8, d=128, nq=1, n_new=1, nmax=32768, lens=[32767, 20000], page=page,
                 dtype=torch.bfloat16, mods=dict(causal=True), seed=seed)
+
+
+# ==================================================================================================
+# offline (CPU CI): the paged kernels keep the dense kernels' K/V pipelining depth on sm_90a
+# ==================================================================================================
+def _kv_buffers(kernel, const: dict, opts: dict) -> tuple[int, str]:
+    """(shared-memory buffers of each K/V tile in the sm_90a TTGIR, ptxas problems) of one build."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from helpers import sm90a_build_problem
+    signature, attrs, consts = {}, {}, dict(const)
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name in ("Q", "K", "V", "Out", "Lse", "Part", "Slopes", "SeqK", "BlockTable", "KeyMask"):
+            signature[name] = {"Lse": "*fp32", "Part": "*fp32", "Slopes": "*fp32", "SeqK": "*i32",
+                               "BlockTable": "*i32", "KeyMask": "*u8"}.get(name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("qk_scale", "cap_in", "cap_out"):
+            signature[name] = "fp32"
+        elif name.startswith("stride") and name.endswith("d"):
+            signature[name], consts[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    ir = triton.compile(ASTSource(kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                        options=opts).asm["ttgir"]
+    tile = f"x{const['BLOCK_N']}x{const['BLOCK_D']}xbf16"
+    depths = {int(n) for n in re.findall(r"memdesc<(\d+)" + tile, ir)}
+    problem = sm90a_build_problem(f"{kernel.fn.__name__} {const.get('PAGE')}", kernel, signature, consts, attrs, opts)
+    return (max(depths) if depths else 0), problem
+
+
+def _paged_depth_problems() -> list[str]:
+    """For the sm90 decode row and the D = 128 forward rows, bf16: the paged ext kernels (PAGE
+    16/64/256) at the planner's stages against the dense kernels at the row's, and no register
+    spills, except on the forward's 128x128 tile for pages < 128 keys (the per-row gather): it
+    spills 28-108 bytes at every stage count from 3 to 5 (fewest at the planner's 5), a known cost
+    of paged prefill at long Nk."""
+    from tiled_attn.triton import attention as ta_triton
+    from tiled_attn.triton.attention_decode import attention_decode_ext_kernel, attention_decode_kernel
+    from tiled_attn.triton.attention_fwd import attention_fwd_ext_kernel, attention_fwd_kernel
+    problems = []
+    for kind, n_k in (("decode", 4096), ("fwd", 512), ("fwd", 4096)):
+        row = ta_triton.config(kind, torch.device("cpu"), torch.bfloat16, 128, True, n_k, "sm90")
+        base = dict(BLOCK_N=row["BLOCK_N"], HEAD_DIM=128, BLOCK_D=128, EVEN_D=True, PRECISION="tf32",
+                    UPCAST=False, WIDE=False, RAW=True, FMA=bool(row["FMA"]), LATE_L=bool(row["LATE_L"]),
+                    SPLIT_D=1, ACCURATE=False, ADDR="offs" if row["ADDR"] == "tma" else row["ADDR"])
+        base.update(dict(BLOCK_M=16, SPLIT=True) if kind == "decode" else dict(BLOCK_M=row["BLOCK_M"]))
+        dense_kernel, ext_kernel = ((attention_decode_kernel, attention_decode_ext_kernel) if kind == "decode"
+                                    else (attention_fwd_kernel, attention_fwd_ext_kernel))
+        opts = dict(num_warps=row["num_warps"], num_stages=row["num_stages"])
+        dense, _ = _kv_buffers(dense_kernel, dict(base, CAUSAL=True), opts)
+        extra = ta_triton.PAGED_EXTRA_STAGES
+        for page in (16, 64, 256):
+            ext = dict(base, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False, ALIBI=False, KEY_MASK=0, SEQ_K=True,
+                       PAGED=True, PAGE=page)
+            if kind == "fwd":
+                ext["VARLEN"] = False
+            paged, problem = _kv_buffers(ext_kernel, ext, dict(opts, num_stages=opts["num_stages"] + extra))
+            if problem and not (kind == "fwd" and base["BLOCK_N"] > page):
+                problems.append(problem)
+            if paged < dense:
+                problems.append(f"{kind} Nk={n_k} page {page}: {paged} K/V buffers, dense {dense}")
+    return problems
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="offline compile check (CPU CI); the GPU run times the kernels")
+def test_paged_pipeline_depth_for_sm90a():
+    """A paged tile's address waits on its block-table entry: the planner adds stages
+    (PAGED_EXTRA_STAGES) so the K/V copies still run as many tiles ahead as the dense kernel's,
+    with no register spills (tiled_attn/triton/attention.py says what was measured)."""
+    from helpers import assert_none_without_interpreter
+    assert_none_without_interpreter("test_attention_kvcache", "_paged_depth_problems()", 1200)

@@ -43,11 +43,13 @@ def _stamp(t):
 
 
 def _same_as_last(seen, cache_seqlens, block_table) -> bool:
-    """These tensors, unmodified, passed with these bounds before (by weak reference)."""
+    """These tensors (cache_seqlens None: an int), unmodified, passed with these bounds before (by
+    weak reference)."""
     last = _CHECKED.get((id(cache_seqlens), id(block_table)))
-    if last is None or last[0] != seen or last[1]() is not cache_seqlens:
+    if last is None or last[0] != seen:
         return False
-    return block_table is None or (last[2] is not None and last[2]() is block_table)
+    return all(ref is None if t is None else (ref is not None and ref() is t)
+               for t, ref in ((cache_seqlens, last[1]), (block_table, last[2])))
 
 
 def _check_int_tensor(name: str, t, shape: tuple, device) -> None:
@@ -61,7 +63,17 @@ def _check_int_tensor(name: str, t, shape: tuple, device) -> None:
         raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
 
 
+def _tensor_sig(t):
+    """What validation reads of an optional tensor argument (a non-tensor: itself, so a bad value
+    keys its own plan-cache miss, where validation names it; unhashable ones miss every time)."""
+    if isinstance(t, torch.Tensor):
+        return (t.shape, t.stride(), t.dtype, t.device)
+    return (type(t), t)
+
+
 def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale, backend):
+    """Everything a call's signature decides (DESIGN §5): run once per plan. Returns
+    (n_new, capacity)."""
     _checks.check_tensor("q", q, ndim=4, layout_hint="(B, Hq, Nq, D)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _checks.check_tensor(name, t, ndim=4, layout_hint="(B, Nmax, Hkv, D) or paged (pages, page_size, Hkv, D)")
@@ -99,40 +111,48 @@ def _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, sca
         raise ValueError("backend='cuda' has no KV-cache kernels: use backend=None or backend='triton'")
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
         raise TypeError(f"cache_seqlens must be an int32 tensor (B,) or an int, got {type(cache_seqlens).__name__}")
-    given_int = cache_seqlens if isinstance(cache_seqlens, int) else None
-    if isinstance(cache_seqlens, int):
-        if not 0 <= cache_seqlens <= capacity:
-            raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {cache_seqlens}")
-        cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
-    _check_int_tensor("cache_seqlens", cache_seqlens, (b,), q.device)
-    n_new = 0 if k_new is None else k_new.shape[2]
-    # Reading cache_seqlens/block_table back is a device sync (~60-90 µs on the H100, several times
-    # a 4k-key decode step): skipped when the same tensors, unmodified since (torch's version
-    # counters), passed with the same bounds; TILED_ATTN_CHECK_VALUES=0 skips it always. The
-    # kernels clamp every index into the cache, so an unchecked bad value reads a wrong key,
-    # never out of bounds.
-    seen = (given_int if given_int is not None else _stamp(cache_seqlens), _stamp(block_table),
-            tuple(k_cache.shape), n_new, capacity)
-    if _CHECK_VALUES and _host_checks_possible(q) and not _same_as_last(seen, cache_seqlens, block_table):
-        lens = [given_int] * b if given_int is not None else cache_seqlens.tolist()  # an int: no read-back
-        if any(n < 0 for n in lens):
-            raise ValueError(f"cache_seqlens must be >= 0, got {lens}")
-        if any(n + n_new > capacity for n in lens):
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_int_tensor("cache_seqlens", cache_seqlens, (b,), q.device)
+    return (0 if k_new is None else k_new.shape[2]), capacity
+
+
+def _check_values(plan, cache_seqlens, block_table, given_int) -> None:
+    """cache_seqlens within the cache after the append, and the block table's used entries within
+    the pool. Reading them back is a device sync (~60-90 µs on the H100, several times a 4k-key
+    decode step): skipped when the same tensors, unmodified since (torch's version counters), passed
+    with the same bounds; TILED_ATTN_CHECK_VALUES=0 skips it always. The kernels clamp every index
+    into the cache, so an unchecked bad value reads a wrong key, never out of bounds."""
+    n_new, capacity = plan.n_new, plan.capacity
+    if given_int is not None:  # an int: checked here, no read-back
+        if not 0 <= given_int <= capacity:
+            raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {given_int}")
+        if given_int + n_new > capacity:
             raise ValueError(f"cache_seqlens + Nq_new ({n_new}) must be <= the cache's capacity {capacity}, "
-                             f"got {lens}")
-        if block_table is not None:
-            page = k_cache.shape[1]
-            rows = block_table.tolist()
-            for r, (row, n) in enumerate(zip(rows, lens)):
-                used = row[:-(-(n + n_new) // page)]
-                if any(not 0 <= p < k_cache.shape[0] for p in used):
-                    raise ValueError(f"block_table[{r}] has page indices outside [0, {k_cache.shape[0]}) "
-                                     f"among the {len(used)} pages its {n + n_new} keys use: {used}")
-        if len(_CHECKED) >= 256:
-            del _CHECKED[next(iter(_CHECKED))]
-        _CHECKED[(id(cache_seqlens), id(block_table))] = (
-            seen, weakref.ref(cache_seqlens), None if block_table is None else weakref.ref(block_table))
-    return cache_seqlens, n_new
+                             f"got {given_int}")
+        if block_table is None:
+            return
+    seen = (given_int if given_int is not None else _stamp(cache_seqlens), _stamp(block_table), plan.bounds)
+    if not _CHECK_VALUES or not _host_checks_possible(block_table if cache_seqlens is None else cache_seqlens) \
+            or _same_as_last(seen, cache_seqlens, block_table):
+        return
+    lens = [given_int] * plan.batch if given_int is not None else cache_seqlens.tolist()
+    if any(n < 0 for n in lens):
+        raise ValueError(f"cache_seqlens must be >= 0, got {lens}")
+    if any(n + n_new > capacity for n in lens):
+        raise ValueError(f"cache_seqlens + Nq_new ({n_new}) must be <= the cache's capacity {capacity}, "
+                         f"got {lens}")
+    if block_table is not None:
+        page, n_pages = plan.page, plan.n_pages
+        for r, (row, n) in enumerate(zip(block_table.tolist(), lens)):
+            used = row[:-(-(n + n_new) // page)]
+            if any(not 0 <= p < n_pages for p in used):
+                raise ValueError(f"block_table[{r}] has page indices outside [0, {n_pages}) "
+                                 f"among the {len(used)} pages its {n + n_new} keys use: {used}")
+    if len(_CHECKED) >= 256:
+        del _CHECKED[next(iter(_CHECKED))]
+    _CHECKED[(id(cache_seqlens), id(block_table))] = (
+        seen, None if cache_seqlens is None else weakref.ref(cache_seqlens),
+        None if block_table is None else weakref.ref(block_table))
 
 
 def _append(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table) -> None:
@@ -152,42 +172,96 @@ def _append(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table) -> None:
     v_cache.index_put_(index, v_new.transpose(1, 2))
 
 
+class _KvPlan:
+    """A validated signature of attention_kvcache: the attention plan and what the per-call value
+    checks and the append need."""
+
+    __slots__ = ("scale", "backend", "attn", "mods", "n_new", "capacity", "page", "n_pages", "batch",
+                 "bounds", "copy_lens", "copy_table")
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens, k_new, block_table, causal, scale, window, softcap,
+                 alibi_slopes, backend, n_new, capacity):
+        b = q.shape[0]
+        self.n_new, self.capacity, self.batch = n_new, capacity, b
+        self.page, self.n_pages = k_cache.shape[1], k_cache.shape[0]
+        self.bounds = (tuple(k_cache.shape), n_new, capacity)
+        # The kernels read cache_seqlens[b] and block_table[b, p] at unit stride along b and p
+        # (and the table's row stride from the plan): other layouts are copied once per call.
+        self.copy_lens = isinstance(cache_seqlens, torch.Tensor) and b > 1 and cache_seqlens.stride(0) != 1
+        self.copy_table = block_table is not None and block_table.shape[1] > 1 and block_table.stride(1) != 1
+        paged = None
+        if block_table is not None:
+            table_stride = block_table.shape[1] if self.copy_table else block_table.stride(0)
+            paged = (k_cache.shape[1], k_cache.shape[0], table_stride, block_table.shape[1])
+        self.mods = _mods.make(window, softcap, alibi_slopes, q, b, seq_k=True, paged=paged)
+        self.scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
+        self.backend = _backend_for(q, q, causal, 0, True, backend, self.mods)
+        self.attn = None
+        if self.backend != "torch":  # the torch backend runs the reference per call
+            k4, v4 = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+            self.attn = AttentionPlan(q, k4, v4, self.scale, causal, 0, self.backend, self.mods)
+
+
+def _signature(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
+               alibi_slopes, backend) -> tuple:
+    """Everything _validate and the plan read (a value check aside): equal signatures, equal plans."""
+    return (q.shape, q.stride(), q.dtype, q.device, _tensor_sig(k_cache), _tensor_sig(v_cache),
+            None if k_new is None else _tensor_sig(k_new), None if v_new is None else _tensor_sig(v_new),
+            None if block_table is None else _tensor_sig(block_table),
+            int if type(cache_seqlens) is int else _tensor_sig(cache_seqlens),
+            causal, type(causal), scale, type(scale), window, softcap, type(softcap),
+            None if alibi_slopes is None else _tensor_sig(alibi_slopes), backend)
+
+
 @torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, block_table=None,
                       causal: bool = False, scale: float | None = None, window=None, softcap=None,
                       alibi_slopes=None, return_lse: bool = False, backend: str | None = None):
     """Attention of q against a KV cache (see the module doc). Returns out (B, Hq, Nq, D), and lse
-    (B, Hq, Nq) float32 with return_lse. backend None: "triton" on CUDA, "torch" on the CPU."""
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    cache_seqlens, n_new = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale,
-                                     backend)
-    tensors = [t for t in (q, k_cache, v_cache, k_new, v_new) if t is not None]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    (B, Hq, Nq) float32 with return_lse. backend None: "triton" on CUDA, "torch" on the CPU.
+
+    A call: its signature's plan (a miss validates everything but the values, DESIGN §5, and
+    plans) → the value check (cached by tensor version) → the append → the kernels."""
+    try:
+        key = _signature(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
+                         softcap, alibi_slopes, backend)
+        plan = _PLANS.get(key)
+    except (TypeError, AttributeError):  # a non-tensor or unhashable argument: validation names it
+        key = plan = None
+    if plan is None:
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        n_new, capacity = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale, backend)
+        plan = _PLANS.put(key, _KvPlan(q, k_cache, v_cache, cache_seqlens, k_new, block_table, causal, scale,
+                                       window, softcap, alibi_slopes, backend, n_new, capacity))
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or
+                                    (k_new is not None and (k_new.requires_grad or v_new.requires_grad))):
         raise ValueError("attention_kvcache is inference only: its inputs must not require grad "
                          "(use torch.no_grad(), or ta.attention for training)")
-    b = q.shape[0]
-    paged = None
-    if block_table is not None:
-        paged = (k_cache.shape[1], k_cache.shape[0], block_table.stride(0), block_table.shape[1])
-    mods = _mods.make(window, softcap, alibi_slopes, q, b, seq_k=True, paged=paged)
-    if k_new is not None:
+    given_int = None
+    if type(cache_seqlens) is int:
+        given_int = cache_seqlens
+        _check_values(plan, None, block_table, given_int)
+        cache_seqlens = torch.full((plan.batch,), given_int, dtype=torch.int32, device=q.device)
+    else:
+        _check_values(plan, cache_seqlens, block_table, None)
+        if plan.copy_lens:
+            cache_seqlens = cache_seqlens.contiguous()
+    if plan.copy_table:
+        block_table = block_table.contiguous()
+    n_new = plan.n_new
+    if n_new:
         _append(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table)
-    seq_k = cache_seqlens + n_new if n_new else cache_seqlens
-    k4, v4 = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    key = (q.shape, q.stride(), k4.shape, k4.stride(), v4.stride(), q.dtype, q.device, scale, type(scale),
-           causal, backend, mods)
-    plan = _PLANS.get(key)
-    if plan is None:
-        scale_v = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-        be = _backend_for(q, q, causal, 0, True, backend, mods)
-        plan = _PLANS.put(key, (scale_v, be, None if be == "torch" else
-                                AttentionPlan(q, k4, v4, scale_v, causal, 0, be, mods)))
-    scale_v, be, attn = plan
-    if attn is None:  # the torch backend: the reference's tiled algorithm per row
+        seq_k = cache_seqlens + n_new
+    else:
+        seq_k = cache_seqlens
+    if plan.attn is None:  # the torch backend: the reference's tiled algorithm per row
+        mods = plan.mods
         kw = _mods.reference_kwargs(mods._replace(seq_k=False, paged=None), alibi_slopes, None)
         out, lse = reference.attention_kvcache(q, k_cache, v_cache, seq_k, block_table=block_table, causal=causal,
-                                               scale=scale_v, return_lse=True, blockwise=True, **kw)
+                                               scale=plan.scale, return_lse=True, blockwise=True, **kw)
     else:
-        out, lse = attn.forward(q, k4, v4, alibi_slopes, None, None, None, seq_k, block_table)
+        # The Triton launches read the caches' data pointers only (the (B, Hkv, N, D) strides are
+        # the plan's): no transposed views per call.
+        out, lse = plan.attn.forward(q, k_cache, v_cache, alibi_slopes, None, None, None, seq_k, block_table)
     return (out, lse) if return_lse else out

@@ -283,6 +283,16 @@ def _window_flags(mods, causal: bool, offset: int, n_q: int, n_k: int) -> tuple[
     return has_left, has_right, left if has_left else 0, right if has_right else 0
 
 
+# A paged K/V tile's address depends on a load (its block-table entry). Triton 3.6's pipeliner
+# gives that load a stage of its own ahead of the K/V copies, so at the dense row's num_stages the
+# K/V tiles get one shared-memory buffer fewer (sm_90a TTGIR, bf16, D = 128, the sm90 rows at 3
+# stages: decode 2 buffers dense, 1 paged at 3 and 4 stages, 2 at 5; forward 3 dense, 2 paged at 3,
+# 3 at 5). Measured before this on the H100 (graph-timed, B = 1, Nk = 4096): paged-64 decode 20.0
+# µs against 13.8 µs contiguous. Two more stages restore the dense depth at about the dense
+# shared-memory size: tests/test_attention_kvcache.py::test_paged_pipeline_depth_for_sm90a.
+PAGED_EXTRA_STAGES = 2
+
+
 def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, mods, *,
                      kernel: str | None = None, num_splits: int | None = None):
     """run(q, k, v, out, lse, slopes, key_mask, cu_q, cu_k, seq_k, block_table): the forward with
@@ -321,7 +331,8 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
                  ADDR="offs" if cfg["ADDR"] == "tma" or mods.paged is not None else cfg["ADDR"],
                  SOFTCAP=mods.softcap > 0, ALIBI=mods.alibi_stride >= 0, KEY_MASK=mods.key_mask,
                  SEQ_K=mods.seq_k, PAGED=mods.paged is not None,
-                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                 num_warps=cfg["num_warps"],
+                 num_stages=cfg["num_stages"] + (PAGED_EXTRA_STAGES if mods.paged is not None else 0))
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     if mods.varlen is not None:  # one packed sequence per "batch": no batch stride
         sq, sk, sv, so = ((0,) + tuple(t[1:]) for t in (sq, sk, sv, so))
