@@ -97,16 +97,9 @@ def attention_bwd_dkdv_ext_kernel(
     b = b32.to(tl.int64)
     kvh = (bh % n_kv_heads).to(tl.int64)
 
-    q_start = 0
-    k_start = 0
-    seq_q = n_q
-    seq_k = n_k
+    q_start, seq_q, k_start, seq_k, offset = masks.sequence_bounds(CuQ, CuK, CuK, b32, n_q, n_k, offset,
+                                                                   VARLEN, False)
     if VARLEN:
-        q_start = tl.minimum(tl.maximum(tl.load(CuQ + b32), 0), n_q)
-        seq_q = tl.minimum(tl.maximum(tl.load(CuQ + b32 + 1), q_start), n_q) - q_start
-        k_start = tl.minimum(tl.maximum(tl.load(CuK + b32), 0), n_k)
-        seq_k = tl.minimum(tl.maximum(tl.load(CuK + b32 + 1), k_start), n_k) - k_start
-        offset = offset + seq_k - seq_q
         seq_q = tl.where(n0 < seq_k, seq_q, 0)  # a tile past the sequence's keys: no rows
 
     cols = n0 + tl.arange(0, BLOCK_N)
@@ -258,16 +251,9 @@ def attention_bwd_dq_ext_kernel(
     kvh = (h32 // group).to(tl.int64)
     m0 = tile * BLOCK_M
 
-    q_start = 0
-    k_start = 0
-    seq_q = n_q
-    seq_k = n_k
-    if VARLEN:
-        q_start = tl.minimum(tl.maximum(tl.load(CuQ + b32), 0), n_q)
-        seq_q = tl.minimum(tl.maximum(tl.load(CuQ + b32 + 1), q_start), n_q) - q_start
-        k_start = tl.minimum(tl.maximum(tl.load(CuK + b32), 0), n_k)
-        seq_k = tl.minimum(tl.maximum(tl.load(CuK + b32 + 1), k_start), n_k) - k_start
-        offset = offset + seq_k - seq_q
+    q_start, seq_q, k_start, seq_k, offset = masks.sequence_bounds(CuQ, CuK, CuK, b32, n_q, n_k, offset,
+                                                                   VARLEN, False)
+    if VARLEN:  # a tile past its sequence's end visits no key
         seq_k = tl.where(m0 < seq_q, seq_k, 0)
 
     rows = m0 + tl.arange(0, BLOCK_M)

@@ -56,10 +56,7 @@ def decode_program(
     b = b32.to(tl.int64)
     kvh = bkv % n_kv_heads
 
-    seq_k = n_k
-    if SEQ_K:
-        seq_k = tl.minimum(tl.maximum(tl.load(SeqK + b32), 0), n_k)
-        offset = offset + seq_k - n_q
+    _, _, _, seq_k, offset = masks.sequence_bounds(SeqK, SeqK, SeqK, b32, n_q, n_k, offset, False, SEQ_K)
 
     r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = r < group * n_q

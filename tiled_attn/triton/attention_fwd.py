@@ -357,19 +357,8 @@ def fwd_program(
     kvh = kvh32.to(tl.int64)
     m0 = tile * BLOCK_M
 
-    q_start = 0
-    k_start = 0
-    seq_q = n_q
-    seq_k = n_k
-    if VARLEN:
-        q_start = tl.minimum(tl.maximum(tl.load(CuQ + b32), 0), n_q)
-        seq_q = tl.minimum(tl.maximum(tl.load(CuQ + b32 + 1), q_start), n_q) - q_start
-        k_start = tl.minimum(tl.maximum(tl.load(CuK + b32), 0), n_k)
-        seq_k = tl.minimum(tl.maximum(tl.load(CuK + b32 + 1), k_start), n_k) - k_start
-    elif SEQ_K:
-        seq_k = tl.minimum(tl.maximum(tl.load(SeqK + b32), 0), n_k)
-    if VARLEN or SEQ_K:
-        offset = offset + seq_k - seq_q
+    q_start, seq_q, k_start, seq_k, offset = masks.sequence_bounds(CuQ, CuK, SeqK, b32, n_q, n_k, offset,
+                                                                   VARLEN, SEQ_K)
     if VARLEN:  # a tile past its sequence's end (the grid covers the longest) visits no key
         seq_k = tl.where(m0 < seq_q, seq_k, 0)
 

@@ -118,3 +118,27 @@ def kv_ranges(lo, hi, row_first, row_last, offset, left, right,
         full_hi = tl.maximum(tl.minimum(end, row_first + offset + right + 1), full_lo)
     full_hi = tl.maximum(full_lo, full_lo + ((full_hi - full_lo) // BLOCK_N) * BLOCK_N)
     return start, full_lo, full_hi, end
+
+
+@triton.jit
+def sequence_bounds(CuQ, CuK, SeqK, b32, n_q, n_k, offset, VARLEN: tl.constexpr, SEQ_K: tl.constexpr):
+    """(q_start, seq_q, k_start, seq_k, offset) of batch b (b32): with VARLEN, packed sequence b's
+    rows CuQ[b]..CuQ[b+1] of the n_q query rows and CuK[b]..CuK[b+1] of the n_k key rows; with
+    SEQ_K, SeqK[b] keys of the n_k capacity; else everything. The alignment becomes bottom-right
+    per sequence (offset + its Nk − Nq). Every bound is clamped into [0, n_q] / [0, n_k] and made
+    non-decreasing, so values the host did not check (graph capture, torch.compile) read wrong rows,
+    never out of bounds."""
+    q_start = 0
+    k_start = 0
+    seq_q = n_q
+    seq_k = n_k
+    if VARLEN:
+        q_start = tl.minimum(tl.maximum(tl.load(CuQ + b32), 0), n_q)
+        seq_q = tl.minimum(tl.maximum(tl.load(CuQ + b32 + 1), q_start), n_q) - q_start
+        k_start = tl.minimum(tl.maximum(tl.load(CuK + b32), 0), n_k)
+        seq_k = tl.minimum(tl.maximum(tl.load(CuK + b32 + 1), k_start), n_k) - k_start
+    elif SEQ_K:
+        seq_k = tl.minimum(tl.maximum(tl.load(SeqK + b32), 0), n_k)
+    if VARLEN or SEQ_K:
+        offset = offset + seq_k - seq_q
+    return q_start, seq_q, k_start, seq_k, offset
