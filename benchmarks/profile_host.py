@@ -34,6 +34,12 @@ def _cases(device: torch.device):
     kq = torch.randn(1, 8, 128, 64, device=device, dtype=bf16)
     qd = torch.randn(1, 32, 1, 64, device=device, dtype=bf16)
     kd = torch.randn(1, 8, 256, 64, device=device, dtype=bf16)
+    kvc = torch.randn(1, 256, 8, 64, device=device, dtype=bf16)
+    kv4 = kvc.transpose(1, 2)
+    kv_table = torch.randperm(4, device=device).view(1, 4).to(torch.int32)
+    kvp = torch.empty(4, 64, 8, 64, device=device, dtype=bf16)
+    kvp[kv_table.long()] = kvc.view(1, 4, 64, 8, 64)
+    kv_lens = torch.full((1,), 256, dtype=torch.int32, device=device)
     cases = {
         "torch.softmax fp32": lambda: torch.softmax(x32, -1),
         "ta.softmax fp32": lambda: ta.softmax(x32),
@@ -47,6 +53,12 @@ def _cases(device: torch.device):
         "ta.attention decode": lambda: ta.attention(qd, kd, kd),
         "ta.attention decode cuda": lambda: ta.attention(qd, kd, kd, backend="cuda"),
         "ta.sdpa decode": lambda: ta.scaled_dot_product_attention(qd, kd, kd, enable_gqa=True),
+        # A KV cache of 256 keys (B = 1, GQA 32/8): the cache API, contiguous and paged (64-key
+        # pages, shuffled), against F.sdpa on the same keys: the same Python path for both
+        # layouts, so an eager gap between them at host-bound shapes is host noise, not the API.
+        "F.sdpa kvcache": lambda: F.scaled_dot_product_attention(qd, kv4, kv4, enable_gqa=True),
+        "ta.attention_kvcache contiguous": lambda: ta.attention_kvcache(qd, kvc, kvc, kv_lens),
+        "ta.attention_kvcache paged-64": lambda: ta.attention_kvcache(qd, kvp, kvp, kv_lens, block_table=kv_table),
         # A decode loop through a model of 16 layers: the key/value length grows by one every 16
         # calls, so one call in 16 makes a new plan (a new signature) and 15 reuse it.
         "F.sdpa decode growing": _growing(lambda q, k: F.scaled_dot_product_attention(q, k, k, enable_gqa=True),
