@@ -1,6 +1,8 @@
-"""torch.compile, torch.library.opcheck, CUDA graphs and streams for ta.attention / ta.softmax.
+"""torch.compile, torch.library.opcheck, CUDA graphs and streams for ta.attention / ta.softmax /
+ta.log_softmax.
 
-The ops are torch.library custom ops (tiled_attn::attention_fwd, ::softmax, ::softmax_backward)
+The ops are torch.library custom ops (tiled_attn::attention_fwd, ::softmax, ::softmax_backward,
+::log_softmax, ::log_softmax_backward)
 with fake implementations, so Dynamo keeps them as single nodes (no graph break) and AOTAutograd
 puts the fused softmax backward in the backward graph. Compiled results follow the numerics rule
 against the eager model in float64 (the torch backend runs float64), with the eager model in the
@@ -135,6 +137,33 @@ def test_softmax_backward_through_compile(seed):
                 what="compiled softmax backward")
 
 
+def test_log_softmax_backward_through_compile(seed):
+    """ta.log_softmax under torch.compile(fullgraph=True): its op in the forward graph, its fused
+    backward op in the backward graph, gradients under the numerics rule."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((5, 37, 3), DTYPE, DEVICE, gen, scale=4.0)
+    w = randn((5, 37, 3), DTYPE, DEVICE, gen)
+
+    def loss(x, w):
+        return (ta.log_softmax(x, dim=1, backend=OP_BACKEND) * w).sum()
+
+    backend, graphs = _recording_backend()
+    xr = x.clone().requires_grad_()
+    torch.compile(loss, fullgraph=True, backend=backend)(xr, w).backward()
+    assert OPS.log_softmax.default in _targets(graphs["fw"][0])
+    assert OPS.log_softmax_backward.default in _targets(graphs["bw"][0])
+
+    grads = {}
+    for name, fn, dtype in (("ours", torch.compile(loss, fullgraph=True), DTYPE),
+                            ("ref", lambda x, w: (torch.log_softmax(x, 1) * w).sum(), torch.float64),
+                            ("torch", lambda x, w: (torch.log_softmax(x, 1) * w).sum(), DTYPE)):
+        xi = x.detach().to(dtype, copy=True).requires_grad_()
+        fn(xi, w.to(dtype)).backward()
+        grads[name] = xi.grad
+    assert_rule(grads["ours"], grads["ref"], grads["torch"], dtype=DTYPE, seed=seed,
+                what="compiled log_softmax backward")
+
+
 def test_nn_attention_compiles_in_training_mode(seed):
     # With grad enabled: one graph, our forward op in it and our backward op in the backward graph.
     m = _block(seed).attn.train()
@@ -244,6 +273,9 @@ def test_opcheck_softmax(shape, dim, transpose, backend, seed):
     y = torch.softmax(x, dim)
     dy = torch.randn_like(y)
     torch.library.opcheck(SOFTMAX._softmax_backward_op, (y, dy, dim, backend))
+    if backend != "cuda":  # no log kernels on the CUDA backend
+        torch.library.opcheck(SOFTMAX._log_softmax_op, (x, dim, backend, ""))
+        torch.library.opcheck(SOFTMAX._log_softmax_backward_op, (torch.log_softmax(x, dim), dy, dim, backend))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,6 +391,22 @@ def test_cuda_graph_softmax(shape, backend, seed):
         assert_rule(out, torch.softmax(x.double(), -1), torch.softmax(x, -1), dtype=x.dtype,
                     seed=seed, what=f"graph replay {trial}")
         torch.testing.assert_close(out, ta.softmax(x, backend=backend), rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(4096, 1000), (8, 300000)], ids=str)
+def test_cuda_graph_log_softmax(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(shape, torch.float16, "cuda", gen, scale=3.0)
+    graph, out = _capture(lambda: ta.log_softmax(x))
+    for trial in range(2):
+        x.copy_(randn(shape, x.dtype, "cuda", gen, scale=3.0))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_rule(out, torch.log_softmax(x.double(), -1), torch.log_softmax(x, -1), dtype=x.dtype,
+                    seed=seed, what=f"log_softmax graph replay {trial}")
+        torch.testing.assert_close(out, ta.log_softmax(x), rtol=0, atol=0)
 
 
 @gpu

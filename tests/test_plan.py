@@ -83,6 +83,27 @@ def test_softmax_new_signature_new_plan(what, made, seed):
     assert len(made) == 2
 
 
+def test_log_softmax_is_its_own_signature(made, seed):
+    """softmax and log_softmax of the same x: two plans (log is part of the signature), each
+    reused, each right; their backwards likewise."""
+    dev = _triton_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((6, 37), torch.float32, dev, gen, 3.0)
+    for _ in range(2):
+        y = ta.softmax(x, -1, backend="triton")
+        assert_rule(y, _softmax_ref(x, -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed)
+        z = ta.log_softmax(x, -1, backend="triton")
+        assert_rule(z, torch.log_softmax(x.double(), -1), torch.log_softmax(x, -1), dtype=x.dtype,
+                    seed=seed, what="log_softmax")
+    assert made == [("SoftmaxPlan", "triton"), ("SoftmaxPlan", "triton")]
+    assert [p.log for p in SOFTMAX._PLANS.values()] == [False]
+    assert [p.log for p in SOFTMAX._LOG_PLANS.values()] == [True]
+    dy = randn((6, 37), torch.float32, dev, gen)
+    for fn in (ta.softmax, ta.log_softmax):
+        fn(x.detach().clone().requires_grad_(), -1, backend="triton").backward(dy)
+    assert made[2:] == [("SoftmaxBackwardPlan", "triton"), ("SoftmaxBackwardPlan", "triton")]
+
+
 def test_softmax_backward_plans(made, seed):
     dev = _triton_device()
     gen = torch.Generator().manual_seed(seed)

@@ -75,6 +75,34 @@ def test_softmax_backward_matches_autograd(seed):
     torch.testing.assert_close(R.softmax_backward(y.detach(), dy, -1), gx)
 
 
+@pytest.mark.parametrize("shape,dim", [((1, 1), -1), ((3, 17), -1), ((5, 4, 9), 1), ((7, 33), 0)])
+@pytest.mark.parametrize("fn", [lambda x, d: R.safe_softmax(x, d, log=True), R.log_softmax,
+                                lambda x, d: R.tiled_softmax(x, d, tile=4, log=True)])
+def test_log_softmax_algorithms_match_direct_formula(shape, dim, fn, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(shape, torch.float64, "cpu", gen, scale=5.0)
+    d = x - x.amax(dim, keepdim=True)
+    direct = d - torch.exp(d).sum(dim, keepdim=True).log()
+    torch.testing.assert_close(fn(x, dim), direct, rtol=1e-12, atol=1e-13, msg=lambda m: f"seed={seed}: {m}")
+
+
+@pytest.mark.parametrize("fn", [lambda x, d: R.safe_softmax(x, d, log=True), R.log_softmax])
+def test_log_softmax_minus_inf_rows_follow_torch(fn):
+    # A row of only -inf: NaN (-inf − log 0 = -inf − (-inf)); a -inf entry: -inf.
+    x = torch.tensor([[NEG_INF, NEG_INF, NEG_INF], [NEG_INF, 2.0, NEG_INF], [1.0, NEG_INF, 3.0]],
+                     dtype=torch.float64)
+    torch.testing.assert_close(fn(x, -1), torch.log_softmax(x, -1), equal_nan=True)
+
+
+def test_log_softmax_backward_matches_autograd(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn((3, 11), torch.float64, "cpu", gen).requires_grad_()
+    dy = randn((3, 11), torch.float64, "cpu", gen)
+    y = torch.log_softmax(x, -1)
+    (gx,) = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(R.softmax_backward(y.detach(), dy, -1, log=True), gx)
+
+
 def _direct_attention(q, k, v, causal, scale, offset):
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)

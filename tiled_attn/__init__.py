@@ -1,14 +1,14 @@
 """tiled_attn: FlashAttention-style tiled attention and online softmax for PyTorch.
 
-Public API (DESIGN §3): softmax, softmax_kernels, attention, attention_varlen, attention_kvcache,
-scaled_dot_product_attention, nn, integrations.
+Public API (DESIGN §3): softmax, log_softmax, softmax_kernels, attention, attention_varlen,
+attention_kvcache, scaled_dot_product_attention, nn, integrations.
 """
 from . import integrations, nn
 from .attention import attention, scaled_dot_product_attention
 from .kvcache import attention_kvcache
-from .softmax import softmax, softmax_kernels
+from .softmax import log_softmax, softmax, softmax_kernels
 from .varlen import attention_varlen
 
-__all__ = ["softmax", "softmax_kernels", "attention", "attention_varlen", "attention_kvcache",
-           "scaled_dot_product_attention", "nn", "integrations"]
+__all__ = ["softmax", "log_softmax", "softmax_kernels", "attention", "attention_varlen",
+           "attention_kvcache", "scaled_dot_product_attention", "nn", "integrations"]
 __version__ = "0.1.0"

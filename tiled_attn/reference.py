@@ -31,6 +31,7 @@ __all__ = [
     "online_softmax",
     "tiled_softmax",
     "softmax_backward",
+    "log_softmax",
     "attention",
     "blockwise_attention",
     "merge_attention_partials",
@@ -93,8 +94,15 @@ def merge_states(a: OnlineState, b: OnlineState) -> OnlineState:
     return OnlineState(m, a.l * torch.exp(a.m - shift) + b.l * torch.exp(b.m - shift))
 
 
-def finalize(x: torch.Tensor, state: OnlineState) -> torch.Tensor:
-    """y = exp(x − m) / l. A row of only -inf gives 0/0 = NaN, as torch.softmax does."""
+def finalize(x: torch.Tensor, state: OnlineState, log: bool = False) -> torch.Tensor:
+    """y = exp(x − m) / l. A row of only -inf gives 0/0 = NaN, as torch.softmax does.
+
+    log: the log-softmax, y = (x − m) − log l (natural log; lse = m + log l, but the difference is
+    taken first, as torch.log_softmax does: x − m is exact for nearby values, and a rounded lse
+    would put half an ulp of |m| on every output). A row of only -inf gives -inf − (-inf) = NaN,
+    as torch.log_softmax does."""
+    if log:
+        return (x - _finite_or_zero(state.m)) - torch.log(state.l)
     return torch.exp(x - _finite_or_zero(state.m)) / state.l
 
 
@@ -112,11 +120,14 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 # softmax
 # ----------------------------------------------------------------------------------------------
-def safe_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """The classic three passes: max, then sum of exp(x - max), then divide."""
+def safe_softmax(x: torch.Tensor, dim: int = -1, log: bool = False) -> torch.Tensor:
+    """The classic three passes: max, then sum of exp(x - max), then divide (log: subtract the
+    sum's log)."""
     xa = x.to(_acc_dtype(x.dtype))
     m = xa.amax(dim=dim, keepdim=True)
     e = torch.exp(xa - m)
+    if log:
+        return ((xa - m) - torch.log(_sum_exp(xa, m, e, dim))).to(x.dtype)
     return (e / _sum_exp(xa, m, e, dim)).to(x.dtype)
 
 
@@ -134,8 +145,9 @@ def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return finalize(xa, state).movedim(-1, dim).to(x.dtype)
 
 
-def tiled_softmax(x: torch.Tensor, dim: int = -1, tile: int = 1 << 16) -> torch.Tensor:
-    """The torch backend: one state per tile of `tile` columns, merged, then one normalize pass.
+def tiled_softmax(x: torch.Tensor, dim: int = -1, tile: int = 1 << 16, log: bool = False) -> torch.Tensor:
+    """The torch backend: one state per tile of `tile` columns, merged, then one normalize pass
+    (log: the log-softmax finalize).
 
     Accumulates in float32 (float64 for float64 input); output in the input dtype.
     """
@@ -149,14 +161,22 @@ def tiled_softmax(x: torch.Tensor, dim: int = -1, tile: int = 1 << 16) -> torch.
         state = merge_states(state, tile_state(xa[..., start:start + tile].to(acc)))
     y = torch.empty(xa.shape, dtype=x.dtype, device=x.device)
     for start in range(0, n, tile):
-        y[..., start:start + tile] = finalize(xa[..., start:start + tile].to(acc), state)
+        y[..., start:start + tile] = finalize(xa[..., start:start + tile].to(acc), state, log)
     return y.movedim(-1, dim)
 
 
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """dx = y·(dy − Σ dy·y), accumulated in float32 (float64 for float64)."""
+def log_softmax(x: torch.Tensor, dim: int = -1, tile: int = 1 << 16) -> torch.Tensor:
+    """The torch backend's log-softmax: tiled_softmax with the log finalize."""
+    return tiled_softmax(x, dim, tile, log=True)
+
+
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int = -1, log: bool = False) -> torch.Tensor:
+    """dx = y·(dy − Σ dy·y); log (y the log-softmax output): dx = dy − exp(y)·Σ dy. Accumulated
+    in float32 (float64 for float64)."""
     acc = _acc_dtype(y.dtype)
     ya, dya = y.to(acc), dy.to(acc)
+    if log:
+        return (dya - torch.exp(ya) * dya.sum(dim=dim, keepdim=True)).to(y.dtype)
     return (ya * (dya - (dya * ya).sum(dim=dim, keepdim=True))).to(y.dtype)
 
 

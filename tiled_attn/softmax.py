@@ -16,6 +16,11 @@ backward runs a backward plan (dx = y·(dy − Σ dy·y)). Traced calls (torch.c
 validate and go through the ops `tiled_attn::softmax` / `tiled_attn::softmax_backward`, registered
 with torch.library.define + impl + register_fake; their implementations use the same plans.
 
+log_softmax is the same machinery with `log` set: its own plan caches and ops
+(`tiled_attn::log_softmax` / `tiled_attn::log_softmax_backward`), the same kernels with a LOG
+constexpr in their finalize (the online state's lse: y = (x − m) − ln l) and in the fused backward
+(dx = dy − e^y·Σ dy). The CUDA backend has no log kernels: backend="cuda" raises ValueError.
+
 Backends: "triton" and "cuda" (tiled_attn/triton/softmax.py, tiled_attn/cuda/softmax.py: each has a
 plan_forward / plan_backward that returns its launches as a function), "torch" (the pure-PyTorch
 tiled online algorithm of reference.py) and, for backend=None on the CPU, torch's own softmax: the
@@ -27,7 +32,7 @@ import torch
 
 from . import _checks, _plan, configs, reference
 
-__all__ = ["softmax", "softmax_kernels"]
+__all__ = ["softmax", "log_softmax", "softmax_kernels"]
 
 # The torch backend's kernels: the tiled online algorithm (default) and the classic three passes.
 # reference.online_softmax (one column at a time) is a reference for the recurrence, not a backend
@@ -109,24 +114,30 @@ def _rows_are_a_view(x: torch.Tensor, dim: int) -> bool:
 # ------------------------------------------------------------------------------------------------
 # plans
 # ------------------------------------------------------------------------------------------------
+def _log_kw(log: bool) -> dict:
+    # Only the Triton backend's plan functions take `log` (the CUDA backend has no log kernels).
+    return {"log": True} if log else {}
+
+
 class SoftmaxPlan:
     """A validated signature's forward: the output's layout and the backend's launches."""
 
-    __slots__ = ("dim", "backend", "kernel", "size", "stride", "dtype", "device", "run", "copy")
+    __slots__ = ("dim", "backend", "kernel", "log", "size", "stride", "dtype", "device", "run", "copy")
 
-    def __init__(self, x: torch.Tensor, dim: int, backend: str, kernel: str | None):
-        self.dim, self.backend, self.kernel = dim, backend, kernel
+    def __init__(self, x: torch.Tensor, dim: int, backend: str, kernel: str | None, log: bool = False):
+        self.dim, self.backend, self.kernel, self.log = dim, backend, kernel, log
         out = _alloc_out(x, dim)
         self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), x.dtype, x.device
         self.run, self.copy = None, False
         if backend in ("triton", "cuda") and x.numel():
             self.copy = not _rows_are_a_view(x, dim)
-            self.run = _backend_module(backend).plan_forward(_rows(x, dim), _out_rows(out, dim), kernel)
+            self.run = _backend_module(backend).plan_forward(_rows(x, dim), _out_rows(out, dim), kernel,
+                                                             **_log_kw(log))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend
         if backend == NATIVE:
-            return torch.softmax(x, self.dim)
+            return torch.log_softmax(x, self.dim) if self.log else torch.softmax(x, self.dim)
         out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
         if _checks.POISON_OUTPUTS:
             out.fill_(float("nan"))
@@ -134,17 +145,18 @@ class SoftmaxPlan:
             self.run(_rows(x, self.dim) if self.copy else x, out)
         elif backend == "torch" and x.numel():
             fn = reference.safe_softmax if self.kernel == "safe" else reference.tiled_softmax
-            out.copy_(fn(x, self.dim))
+            out.copy_(fn(x, self.dim, log=self.log))
         return out
 
 
 class SoftmaxBackwardPlan:
-    """dx = y·(dy − Σ dy·y) for one signature of (y, dy)."""
+    """dx = y·(dy − Σ dy·y) for one signature of (y, dy); with `log` (y the log-softmax output)
+    dx = dy − e^y·Σ dy."""
 
-    __slots__ = ("dim", "backend", "size", "stride", "dtype", "device", "run", "copy_y", "copy_dy")
+    __slots__ = ("dim", "backend", "log", "size", "stride", "dtype", "device", "run", "copy_y", "copy_dy")
 
-    def __init__(self, y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str):
-        self.dim, self.backend = dim, backend
+    def __init__(self, y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str, log: bool = False):
+        self.dim, self.backend, self.log = dim, backend, log
         dx = _alloc_out(y, dim)
         self.size, self.stride, self.dtype, self.device = dx.shape, dx.stride(), y.dtype, y.device
         self.run, self.copy_y, self.copy_dy = None, False, False
@@ -152,7 +164,7 @@ class SoftmaxBackwardPlan:
             # y is the forward's output (rows contiguous) under autograd; the op may get any layout.
             self.copy_y, self.copy_dy = not _rows_are_a_view(y, dim), not _rows_are_a_view(dy, dim)
             self.run = _backend_module(backend).plan_backward(_rows(y, dim), _rows(dy, dim),
-                                                              _out_rows(dx, dim))
+                                                              _out_rows(dx, dim), **_log_kw(log))
 
     def backward(self, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
         dx = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
@@ -162,16 +174,23 @@ class SoftmaxBackwardPlan:
             dim = self.dim
             self.run(_rows(y, dim) if self.copy_y else y, _rows(dy, dim) if self.copy_dy else dy, dx)
         elif y.numel():
-            dx.copy_(reference.softmax_backward(y, dy, self.dim))
+            dx.copy_(reference.softmax_backward(y, dy, self.dim, log=self.log))
         return dx
 
 
+# One cache per op (the op is part of a plan's signature, DESIGN §3): softmax's own lookups keep
+# their key.
 _PLANS = _plan.PlanCache("softmax")
 _BACKWARD_PLANS = _plan.PlanCache("softmax_backward")
+_LOG_PLANS = _plan.PlanCache("log_softmax")
+_LOG_BACKWARD_PLANS = _plan.PlanCache("log_softmax_backward")
 
 
-def _resolve(x, dim, backend, kernel) -> tuple[int, str]:
+def _resolve(x, dim, backend, kernel, log: bool = False) -> tuple[int, str]:
     """Validate (DESIGN §5) and pick the backend: (dim made non-negative, backend)."""
+    if log and backend == "cuda":
+        raise ValueError("backend='cuda' has no log_softmax kernels (csrc/softmax computes softmax "
+                         "only); use backend=None or 'triton' (or 'torch')")
     dim = _checks.check_softmax(x, dim, backend, kernel)
     if backend is not None:
         _check_kernel(backend, kernel)
@@ -181,31 +200,35 @@ def _resolve(x, dim, backend, kernel) -> tuple[int, str]:
         backend = NATIVE
     else:
         backend = _default_backend(x)
+        if log and backend == "cuda":
+            backend = "triton"  # the CUDA backend has no log kernels
     return dim, backend
 
 
-def _plan_for(x: torch.Tensor, dim: int, backend: str | None, kernel: str | None):
+def _plan_for(x: torch.Tensor, dim: int, backend: str | None, kernel: str | None, log: bool = False):
     """The plan of this call's signature (x a plain tensor of >= 1 dim, dim an int): a hit means
     the same signature was validated before; a miss validates and plans."""
+    cache = _LOG_PLANS if log else _PLANS
     key = (x.shape, x.stride(), x.dtype, x.device, dim, backend, kernel)
     try:
-        plan = _PLANS.get(key)
+        plan = cache.get(key)
     except TypeError:  # an unhashable argument: validation names it
         key = plan = None
     if plan is None:
-        dim_, backend_ = _resolve(x, dim, backend, kernel)
-        plan = _PLANS.put(key, SoftmaxPlan(x, dim_, backend_, kernel))
+        dim_, backend_ = _resolve(x, dim, backend, kernel, log)
+        plan = cache.put(key, SoftmaxPlan(x, dim_, backend_, kernel, log))
     return plan
 
 
-def _backward_plan_for(y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str):
+def _backward_plan_for(y: torch.Tensor, dy: torch.Tensor, dim: int, backend: str, log: bool = False):
+    cache = _LOG_BACKWARD_PLANS if log else _BACKWARD_PLANS
     key = (y.shape, y.stride(), y.dtype, y.device, dy.shape, dy.stride(), dy.dtype, dy.device, dim, backend)
-    plan = _BACKWARD_PLANS.get(key)
+    plan = cache.get(key)
     if plan is None:
         if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
             raise ValueError(f"dy must match y (shape {tuple(y.shape)}, {y.dtype}, {y.device}), got "
                              f"{tuple(dy.shape)}, {dy.dtype}, {dy.device}")
-        plan = _BACKWARD_PLANS.put(key, SoftmaxBackwardPlan(y, dy, dim, backend))
+        plan = cache.put(key, SoftmaxBackwardPlan(y, dy, dim, backend, log))
     return plan
 
 
@@ -237,36 +260,64 @@ def _(y, dy, dim, backend):
     return _alloc_out(y, dim)
 
 
+torch.library.define("tiled_attn::log_softmax", "(Tensor x, int dim, str backend, str kernel) -> Tensor")
+torch.library.define("tiled_attn::log_softmax_backward",
+                     "(Tensor y, Tensor dy, int dim, str backend) -> Tensor")
+
+
+@torch.library.impl("tiled_attn::log_softmax", "CompositeExplicitAutograd")
+def _log_softmax_impl(x, dim, backend, kernel):
+    return _plan_for(x, dim, backend, kernel or None, True).forward(x)
+
+
+@torch.library.register_fake("tiled_attn::log_softmax")
+def _(x, dim, backend, kernel):
+    return _alloc_out(x, dim)
+
+
+@torch.library.impl("tiled_attn::log_softmax_backward", "CompositeExplicitAutograd")
+def _log_softmax_backward_impl(y, dy, dim, backend):
+    return _backward_plan_for(y, dy, dim, backend, True).backward(y, dy)
+
+
+@torch.library.register_fake("tiled_attn::log_softmax_backward")
+def _(y, dy, dim, backend):
+    return _alloc_out(y, dim)
+
+
 _softmax_op = torch.ops.tiled_attn.softmax.default
 _softmax_backward_op = torch.ops.tiled_attn.softmax_backward.default
+_log_softmax_op = torch.ops.tiled_attn.log_softmax.default
+_log_softmax_backward_op = torch.ops.tiled_attn.log_softmax_backward.default
 
 
-def _forward(x, dim, backend, kernel):
+def _forward(x, dim, backend, kernel, log=False):
     if type(x) is torch.Tensor and _plan.eager():
-        return _plan_for(x, dim, backend, kernel).forward(x)
-    return _softmax_op(x, dim, backend, kernel or "")
+        return _plan_for(x, dim, backend, kernel, log).forward(x)
+    return (_log_softmax_op if log else _softmax_op)(x, dim, backend, kernel or "")
 
 
-def _backward(y, dy, dim, backend):
+def _backward(y, dy, dim, backend, log=False):
     if type(y) is torch.Tensor and type(dy) is torch.Tensor and _plan.eager():
-        return _backward_plan_for(y, dy, dim, backend).backward(y, dy)
-    return _softmax_backward_op(y, dy, dim, backend)
+        return _backward_plan_for(y, dy, dim, backend, log).backward(y, dy)
+    return (_log_softmax_backward_op if log else _softmax_backward_op)(y, dy, dim, backend)
 
 
 class _Softmax(torch.autograd.Function):
-    """y = softmax(x) with the fused backward dx = y·(dy − Σ dy·y) on the same backend."""
+    """y = softmax(x) with the fused backward dx = y·(dy − Σ dy·y) on the same backend; with
+    `log`, y = log_softmax(x) and dx = dy − e^y·Σ dy."""
 
     @staticmethod
-    def forward(ctx, x, dim, backend, kernel):
-        y = _forward(x, dim, backend, kernel)
+    def forward(ctx, x, dim, backend, kernel, log=False):
+        y = _forward(x, dim, backend, kernel, log)
         ctx.save_for_backward(y)
-        ctx.dim, ctx.backend = dim, backend
+        ctx.dim, ctx.backend, ctx.log = dim, backend, log
         return y
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return _backward(y, dy, ctx.dim, ctx.backend), None, None, None
+        return _backward(y, dy, ctx.dim, ctx.backend, ctx.log), None, None, None, None
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
@@ -305,3 +356,36 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
     if x.requires_grad and torch.is_grad_enabled():
         return _Softmax.apply(x, dim, backend, kernel)
     return _softmax_op(x, dim, backend, kernel or "")
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
+                kernel: str | None = None) -> torch.Tensor:
+    """Log-softmax of `x` along `dim`: x − m − log Σ exp(x − m), natural log, from the same online
+    state and kernels as `softmax` (one more finalize: (x − m) − log l).
+
+    Arguments, dtypes, layouts, sizes and plan caching as `softmax`. backend=None: "triton" on CUDA,
+    torch.log_softmax itself on the CPU and for float64; backend="cuda" raises ValueError (no log
+    kernels in csrc/). Returns a tensor of x's shape and dtype (accumulation in float32).
+    Differentiable: the fused backward dx = dy − exp(y)·Σ dy on the same backend. Exactly
+    torch.log_softmax's special values: a -inf entry gives -inf (when its row has a finite entry);
+    a row of only -inf, or any +inf/NaN in a row, gives NaN for that row.
+    """
+    if type(x) is torch.Tensor and type(dim) is int and x.ndim and _plan.eager():
+        try:
+            plan = _LOG_PLANS.get((x.shape, x.stride(), x.dtype, x.device, dim, backend, kernel))
+        except TypeError:
+            plan = None
+        if plan is None:
+            plan = _plan_for(x, dim, backend, kernel, True)
+        if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
+            return plan.forward(x)
+        return _Softmax.apply(x, dim, plan.backend, kernel, True)
+    # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.
+    dim, backend = _resolve(x, dim, backend, kernel, True)
+    if backend == NATIVE:
+        return torch.log_softmax(x, dim)
+    if x.dim() == 0:  # the log-softmax of one element, through the 1-element row
+        return log_softmax(x.reshape(1), 0, backend=backend, kernel=kernel).reshape(())
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Softmax.apply(x, dim, backend, kernel, True)
+    return _log_softmax_op(x, dim, backend, kernel or "")

@@ -26,10 +26,29 @@ Two optional constexpr switches (defaults keep every existing caller's code unch
     lowers tl.log and tl.math.log2 to libdevice's polynomials, not lg2.approx).
   - the softmax verbs (update, update_max, merge, merge_parts, merge_many, normalize), which then
     require scale = LOG2E (inputs in natural units): e^d by `exp_natural`, the form of CUDA's expf
-    (what torch.softmax calls), and normalize multiplies by a div.rn reciprocal of l (≤ 1 ulp)
-    instead of dividing with div.full.f32 (2 ulp). Measured on the H100 before this switch, the
-    fast forms (exp2(d·LOG2E) with Triton's div) left a 7x300 float32 softmax 2.2e-7 off the
+    (what torch.softmax calls), and normalize multiplies by a reciprocal of l rounded once (≤ 1
+    ulp) instead of dividing with div.full.f32 (2 ulp). Measured on the H100 before this switch,
+    the fast forms (exp2(d·LOG2E) with Triton's div) left a 7x300 float32 softmax 2.2e-7 off the
     float64 result where torch was 2e-8 off: outside DESIGN §4's 2× torch + eps.
+  - the running sum l is float64 in the kernels that fold several tiles (identity(..., ACCURATE)
+    makes it so, update_sum and merge_parts keep it; the row kernel's one tile has no running sum
+    and keeps float32, its registers measured at 94 vs 112 per thread on sm_90a for 512 columns):
+    a float32 l rounds once per tile folded in, and the one term that matters most in a
+    peaked row, the max's exp(0) = 1, passes through every one of those roundings. With 16-column
+    tiles a 1 × 100 row at 3·randn took 7 of them, and the largest output ended up 2.9 ulps off
+    where torch.softmax (one pass over the row) was 0.1 ulp off: 1.27× the numerics rule's bound,
+    in 2 of 400 fresh seeds of tests/test_softmax.py::test_triton_tiny_tiles[online-1-100] (issue
+    16). The same sequential sum over tiles is what a long row does with the real tile sizes. The
+    cost is one float64 multiply-add per row per tile, not per element (not yet timed on the H100;
+    sm_90a builds: no spills); the CUDA kernels took the same step (csrc/online_softmax.cuh: double
+    sums, CompensatedState). What is left is each tile's float32 tree sum: over 1750 fresh draws
+    of the tiny-tile cases afterwards the worst used 0.998 of the bound (a draw where torch's own
+    error was 2.6e-10), the next 0.68.
+
+LOG (normalize): the log-softmax finalize, (x − m) − ln l (softmax kernels only: inputs in natural
+units, scale = LOG2E). The difference comes first, as torch.log_softmax computes it: x − m is exact
+for nearby values and the result is rounded twice, not once against a rounded lse = m + ln l, whose
+own rounding (half an ulp of |m|, 5e-4 at m = 1e4) would land on every output of the row.
 """
 import triton
 import triton.language as tl
@@ -75,9 +94,13 @@ def _exp_scaled(d, scale, ACCURATE: tl.constexpr):
 
 
 @triton.jit
-def identity(BLOCK_M: tl.constexpr):
-    """The state of an empty row: m = -inf, l = 0."""
-    return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32))
+def identity(BLOCK_M: tl.constexpr, ACCURATE: tl.constexpr = False):
+    """The state of an empty row: m = -inf, l = 0 (l in float64 with ACCURATE: see above)."""
+    if ACCURATE:
+        l = tl.zeros([BLOCK_M], tl.float64)
+    else:
+        l = tl.zeros([BLOCK_M], tl.float32)
+    return tl.full([BLOCK_M], float("-inf"), tl.float32), l
 
 
 @triton.jit
@@ -99,8 +122,9 @@ def update_max(m, x, scale, FMA: tl.constexpr = False, ACCURATE: tl.constexpr = 
 
 @triton.jit
 def update_sum(l, p, alpha):
-    """The sum half of `update`: l' = l·alpha + Σp."""
-    return l * alpha + tl.sum(p, axis=1)
+    """The sum half of `update`: l' = l·alpha + Σp, in l's type (float64 from identity(ACCURATE):
+    the tile's own sum stays a float32 tree, the running sum across tiles never rounds to float32)."""
+    return l * alpha.to(l.dtype) + tl.sum(p, axis=1).to(l.dtype)
 
 
 @triton.jit
@@ -134,7 +158,11 @@ def merge_parts(m_parts, l_parts, scale, ACCURATE: tl.constexpr = False):
     m = tl.max(m_parts, axis=1)
     shift = finite_or_zero(m)
     a = _exp_scaled(m_parts - shift[:, None], scale, ACCURATE)
-    return m, tl.sum(l_parts * a, axis=1), a
+    if ACCURATE:  # l in float64, as identity(ACCURATE) makes it
+        l = tl.sum(l_parts.to(tl.float64) * a.to(tl.float64), axis=1)
+    else:
+        l = tl.sum(l_parts * a, axis=1)
+    return m, l, a
 
 
 @triton.jit
@@ -154,16 +182,30 @@ def _div(x, y, ACCURATE: tl.constexpr):
 
 
 @triton.jit
-def normalize(x, m, l, scale, ACCURATE: tl.constexpr = False):
-    """Softmax finalize: y = exp(x − m) / l. A row of only -inf gives NaN, as torch.softmax does
-    (0 · 1/0 with ACCURATE, 0/0 without)."""
-    p = _exp_scaled(x - finite_or_zero(m)[:, None], scale, ACCURATE)
-    if ACCURATE:
-        # One correctly rounded reciprocal per row, then a multiply: ≤ 1 ulp, per element far
-        # cheaper than div.rn.
-        y = p * tl.math.div_rn(tl.full(l.shape, 1.0, tl.float32), l)[:, None]
+def normalize(x, m, l, scale, ACCURATE: tl.constexpr = False, LOG: tl.constexpr = False):
+    """Softmax finalize: y = exp(x − m) / l; LOG: log-softmax, y = (x − m) − ln l (scale = LOG2E).
+    A row of only -inf gives NaN, as torch.softmax and torch.log_softmax do (0 · 1/0 with
+    ACCURATE, 0/0 without; -inf − ln 0 = -inf − (-inf) for LOG)."""
+    if LOG:
+        # ln l once per row in float64, rounded to float32 once (libdevice's log). A float32
+        # log (tl.log or log2·ln2) left ptxas at 64 registers with a spill in the 512-column bf16
+        # row kernel (sm_90a); the float64 one does not spill, and costs one log per row.
+        lnl = tl.log(l.to(tl.float64)).to(tl.float32)
+        y = (x - finite_or_zero(m)[:, None]) - lnl[:, None]
     else:
-        y = p / l[:, None]
+        p = _exp_scaled(x - finite_or_zero(m)[:, None], scale, ACCURATE)
+        if ACCURATE:
+            # One correctly rounded reciprocal per row, then a multiply: ≤ 1 ulp, per element far
+            # cheaper than div.rn. A float64 l (identity(ACCURATE)) is inverted in float64 and
+            # rounded once; a float32 one (the row kernel's single-tile sum: no running sum to
+            # keep) by div.rn, without float64 registers.
+            if l.dtype == tl.float64:
+                inv = (1.0 / l).to(tl.float32)
+            else:
+                inv = tl.math.div_rn(tl.full(l.shape, 1.0, tl.float32), l)
+            y = p * inv[:, None]
+        else:
+            y = p / l[:, None]
     return y
 
 

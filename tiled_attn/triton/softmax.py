@@ -42,9 +42,9 @@ from .softmax_split_sync import softmax_split_sync_kernel
 __all__ = ["SOFTMAX_KERNELS", "plan_forward", "plan_backward", "softmax_forward", "softmax_backward"]
 
 SOFTMAX_KERNELS = ("row", "online", "split")
-# Column indices are int32 inside a row (row bases are int64); a chunk end (start + CHUNK < 2·N)
-# must not overflow either.
-_MAX_N = 2**30
+# Rows of any length (DESIGN §3: billions of columns on the default backend): column indices are
+# int64 on rows of _INT64_N columns or more, int32 below (softmax_io.py says how).
+_INT64_N = 2**31  # Triton passes an integer argument of this value or more as an int64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,9 +157,6 @@ def _choose(m: int, n: int, arch: str, dtype: torch.dtype, device: torch.device,
 def _check_sizes(what: str, t: torch.Tensor) -> None:
     if t.dim() != 2:
         raise ValueError(f"{what} must be an (M, N) matrix, got shape {tuple(t.shape)}")
-    if t.shape[1] > _MAX_N:
-        raise ValueError(f"{what} has rows of {t.shape[1]} columns; the Triton softmax takes at most "
-                         f"{_MAX_N} (2^30) columns per row (backend='torch' takes any)")
 
 
 def _check_out(what: str, out: torch.Tensor, like: torch.Tensor) -> None:
@@ -192,6 +189,12 @@ def _launch_options(cfg: dict) -> dict:
     return opts
 
 
+def _log(log: bool) -> dict:
+    """The LOG constexpr (log-softmax) of a launch, left out for softmax: its launches, compiled
+    kernels and occupancy keys stay those of a kernel without the switch."""
+    return {"LOG": True} if log else {}
+
+
 def _hints(cfg: dict, *names: str) -> dict:
     """The cache-hint constexprs of softmax_io.py for a config: with EVICT, data re-read by a later
     pass is loaded evict_last (KEEP), a last read evict_first (LAST), the output streamed (STORE)."""
@@ -204,10 +207,11 @@ def _hints(cfg: dict, *names: str) -> dict:
 # ------------------------------------------------------------------------------------------------
 # forward
 # ------------------------------------------------------------------------------------------------
-def plan_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None):
-    """The launches of out[i, :] = softmax(x[i, :]) for an (M, N) x of any strides into a row-major
-    (M, N) out, as a function run(x, out) of tensors with the same shapes, strides, dtype and
-    device (tiled_attn/softmax.py caches it per signature). Validates the kernel name and sizes."""
+def plan_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None, log: bool = False):
+    """The launches of out[i, :] = softmax(x[i, :]) (log-softmax with `log`) for an (M, N) x of any
+    strides into a row-major (M, N) out, as a function run(x, out) of tensors with the same shapes,
+    strides, dtype and device (tiled_attn/softmax.py caches it per signature). Validates the kernel
+    name and sizes. log-softmax runs the same kernels and configs (one more constexpr, LOG)."""
     if kernel is not None and kernel not in SOFTMAX_KERNELS:
         raise ValueError(f"kernel must be None or one of {list(SOFTMAX_KERNELS)} for backend='triton', "
                          f"got {kernel!r}")
@@ -219,31 +223,33 @@ def plan_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None):
     kernel = kernel or _choose(m, n, arch, x.dtype, device, "row_max_n")
     cfg = _config(kernel, n, arch, x.dtype, _col_contig(x))
     if kernel == "row":
-        return _plan_row(x, out, cfg, device, arch)
+        return _plan_row(x, out, cfg, device, arch, log)
     if kernel == "online":
-        return _plan_online(x, out, cfg, device, arch)
+        return _plan_online(x, out, cfg, device, arch, log)
     # The split kernels run on rows of >= 10^5 columns (a call is >= ~50 µs of GPU time): they plan
     # per call, which keeps their fallbacks (cooperative launch refused) in one place.
     size, stride, out_stride = x.shape, x.stride(), out.stride()
 
     def run(x, out):
         with _device_guard(device):
-            _forward_split(x.as_strided(size, stride), out.as_strided(size, out_stride), cfg, device, arch)
+            _forward_split(x.as_strided(size, stride), out.as_strided(size, out_stride), cfg, device,
+                           arch, log)
     return run
 
 
-def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None) -> None:
-    """out[i, :] = softmax(x[i, :]) for an (M, N) x of any strides into a row-major (M, N) out
-    (planned for this one call: the sweeps and tests call it; ta.softmax caches the plan)."""
-    plan_forward(x, out, kernel)(x, out)
+def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None, log: bool = False) -> None:
+    """out[i, :] = softmax(x[i, :]) (log-softmax with `log`) for an (M, N) x of any strides into a
+    row-major (M, N) out (planned for this one call: the sweeps and tests call it; ta.softmax
+    caches the plan)."""
+    plan_forward(x, out, kernel, log)(x, out)
 
 
-def _plan_row(x, out, cfg, device, arch):
+def _plan_row(x, out, cfg, device, arch, log=False):
     m, n = x.shape
     block_n = triton.next_power_of_2(n)
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
                 MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
-                **_launch_options(cfg))
+                **_log(log), **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
     waves = cfg.get("WAVES", 1)
@@ -254,20 +260,24 @@ def _plan_row(x, out, cfg, device, arch):
     return Launch(softmax_row_kernel, (blocks,), meta, device).bind(*ints)
 
 
-def _plan_online(x, out, cfg, device, arch):
+def _plan_online(x, out, cfg, device, arch, log=False):
     m, n = x.shape
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
     grid = (min(blocks, cfg["PROGRAMS_PER_SM"] * _sm_count(device, arch)),)
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], COL_CONTIG=_col_contig(x),
-                STAGES=cfg.get("STAGES", 1), **_hints(cfg, "KEEP", "LAST", "STORE"),
+                STAGES=cfg.get("STAGES", 1), **_hints(cfg, "KEEP", "LAST", "STORE"), **_log(log),
                 **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
     return Launch(softmax_online_kernel, grid, meta, device).bind(*ints)
 
 
-def _forward_split(x, out, cfg, device, arch):
+def _forward_split(x, out, cfg, device, arch, log=False):
     m, n = x.shape
-    if cfg.get("SINGLE_PASS") and _forward_split_sync(x, out, device, arch):
+    # Rows of 2^31 columns or more take the two kernels: the single pass's chunks (n over the
+    # co-resident programs, millions of columns each) are far past L2, so its re-read comes from
+    # DRAM like the second kernel's, and its int64-index build spills under the maxnreg = 80
+    # configs (sm_90a: 644-696 bytes; the two-kernel split's builds do not spill).
+    if cfg.get("SINGLE_PASS") and n < _INT64_N and _forward_split_sync(x, out, device, arch, log):
         return
     splits, chunk = _split_plan(m, n, cfg, device, arch)
     grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
@@ -281,7 +291,7 @@ def _forward_split(x, out, cfg, device, arch):
     softmax_split_normalize_kernel[grid](x, out, m_parts, l_parts, m, n, x.stride(0), x.stride(1),
                                          out.stride(0), chunk, splits,
                                          BLOCK_S=triton.next_power_of_2(splits),
-                                         **_hints(cfg, "LAST", "STORE"), **common)
+                                         **_hints(cfg, "LAST", "STORE"), **_log(log), **common)
 
 
 _COOPERATIVE_TOO_LARGE: set = set()  # (meta, dtype, device) whose cooperative launch was refused
@@ -315,13 +325,13 @@ def _sync_plan(n: int, cfg: dict, resident: int) -> tuple[int, int]:
     return triton.cdiv(n, chunk), chunk
 
 
-def _forward_split_sync(x, out, device, arch) -> bool:
+def _forward_split_sync(x, out, device, arch, log=False) -> bool:
     """The single-pass split, if its programs fit on the device at once; False to fall back."""
     m, n = x.shape
     cfg = _config("split_sync", n, arch, x.dtype, _col_contig(x))
     block_n = cfg["BLOCK_N"]
     base = dict(BLOCK_N=block_n, COL_CONTIG=_col_contig(x), STAGES=cfg.get("STAGES", 1),
-                **_hints(cfg, "KEEP", "LAST", "STORE"), **_launch_options(cfg))
+                **_hints(cfg, "KEEP", "LAST", "STORE"), **_log(log), **_launch_options(cfg))
     if device.type == "cuda":
         base["launch_cooperative_grid"] = True
     fails = _sync_failure_counter(device)
@@ -339,8 +349,10 @@ def _forward_split_sync(x, out, device, arch) -> bool:
         if device.type != "cuda":
             return 1  # the interpreter runs programs in turn: a wait for a later one never ends
         empty = torch.empty((1,), dtype=torch.float32, device=device)
+        # CHUNK as the launch passes it (a multiple of BLOCK_N), not n: a row of 2^31 columns or
+        # more would make it an int64, another specialization than the one launched.
         per_sm = _programs_per_sm(softmax_split_sync_kernel,
-                                  args(empty, empty, counts_probe, 1, n), kernel_meta, device)
+                                  args(empty, empty, counts_probe, 1, chunk0), kernel_meta, device)
         return per_sm * _sm_count(device, arch)
 
     counts_probe = torch.empty((1,), dtype=torch.int32, device=device)
@@ -372,9 +384,10 @@ def _forward_split_sync(x, out, device, arch) -> bool:
 # ------------------------------------------------------------------------------------------------
 # backward
 # ------------------------------------------------------------------------------------------------
-def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor):
-    """The launches of dx = y·(dy − Σ y·dy) per row, for (M, N) y and dy of any strides into a
-    row-major dx, as a function run(y, dy, dx) (see plan_forward)."""
+def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, log: bool = False):
+    """The launches of dx = y·(dy − Σ y·dy) per row (with `log`, y the log-softmax output:
+    dx = dy − e^y·Σ dy), for (M, N) y and dy of any strides into a row-major dx, as a function
+    run(y, dy, dx) (see plan_forward)."""
     _check_sizes("y", y)
     if dy.shape != y.shape:
         raise ValueError(f"dy must have y's shape {tuple(y.shape)}, got {tuple(dy.shape)}")
@@ -385,7 +398,7 @@ def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor):
     variant = "backward_" + _choose(m, n, arch, y.dtype, device, "backward_row_max_n")
     cfg = _config(variant, n, arch, y.dtype, _col_contig(y) and _col_contig(dy))
     ints = (m, n, y.stride(0), y.stride(1), dy.stride(0), dy.stride(1))
-    contig = dict(Y_CONTIG=_col_contig(y), DY_CONTIG=_col_contig(dy))
+    contig = dict(Y_CONTIG=_col_contig(y), DY_CONTIG=_col_contig(dy), **_log(log))
     if variant == "backward_split":
         splits, chunk = _split_plan(m, n, cfg, device, arch)
         grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
@@ -416,6 +429,7 @@ def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor):
     return Launch(softmax_backward_kernel, grid, meta, device).bind(*ints)
 
 
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
-    """dx = y·(dy − Σ y·dy) per row (planned for this one call; see softmax_forward)."""
-    plan_backward(y, dy, dx)(y, dy, dx)
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, log: bool = False) -> None:
+    """dx = y·(dy − Σ y·dy) per row (log: dy − e^y·Σ dy; planned for this one call; see
+    softmax_forward)."""
+    plan_backward(y, dy, dx, log)(y, dy, dx)

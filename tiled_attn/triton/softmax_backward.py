@@ -14,28 +14,52 @@ multiply-adds, one rounding per element, as before) are added up in float64, and
 the float64 dot split into two float32 halves (_dx): no float64 value per element is held, so the
 registers, and the occupancy, are those of the float32 kernel. 16-bit inputs keep float32 (their
 eps dwarfs a float32 ulp).
+
+LOG: the log-softmax backward, dx = dy − e^y·Σ dy (y the log-softmax output): the same passes with
+Σ dy for the dot and _dx's LOG form (e^y as float32's accurate exp, online.exp_natural, where
+float32 outputs are compared against torch's expf).
 """
 import triton
 import triton.language as tl
 
-from .softmax_io import load_tile, row_base, store_tile
+from .online import exp_natural
+from .softmax_io import LOG2E, load_tile, row_base, store_tile
 
 
 @triton.jit
-def _dx(y, dy, dot, ACC: tl.constexpr):
+def _dx(y, dy, dot, ACC: tl.constexpr, LOG: tl.constexpr = False):
     """dx = y·(dy − dot) from float32 tiles and ACC row dots, element-wise in float32: the dot is
     split into hi + lo (float32 each); dy − hi is exact where it cancels (Sterbenz), and one fused
-    multiply-add, y·(dy − hi) − y·lo, rounds once more. No float64 value per element is held."""
+    multiply-add, y·(dy − hi) − y·lo, rounds once more. No float64 value per element is held.
+    LOG: dx = dy − e^y·dot (dot = Σ dy), as dy − e^y·hi in one fused multiply-add, minus e^y·lo."""
     hi = dot.to(tl.float32)
     lo = (dot - hi.to(ACC)).to(tl.float32)
-    return tl.math.fma(y, dy - hi[:, None], -(y * lo[:, None]))
+    if LOG:
+        if ACC == tl.float64:  # float32 data: e^y as CUDA's expf computes it (online.py)
+            e = exp_natural(y)
+        else:
+            e = tl.math.exp2(y * LOG2E)
+        dx = tl.math.fma(-e, hi[:, None], dy) - e * lo[:, None]
+    else:
+        dx = tl.math.fma(y, dy - hi[:, None], -(y * lo[:, None]))
+    return dx
+
+
+@triton.jit
+def _dot_term(y, dy, acc, LOG: tl.constexpr):
+    """acc + y·dy (one fused multiply-add), or acc + dy for LOG (its dot is Σ dy)."""
+    if LOG:
+        r = acc + dy
+    else:
+        r = tl.math.fma(y, dy, acc)
+    return r
 
 
 @triton.jit
 def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, M, N, stride_ym, stride_yn, stride_dym,
                             stride_dyn, stride_dxm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             Y_CONTIG: tl.constexpr, DY_CONTIG: tl.constexpr,
-                            ONE_TILE: tl.constexpr, MASK_N: tl.constexpr):
+                            ONE_TILE: tl.constexpr, MASK_N: tl.constexpr, LOG: tl.constexpr = False):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     offs = tl.arange(0, BLOCK_N)
@@ -51,25 +75,28 @@ def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, M, N, stride_ym, stride_yn, s
         if ONE_TILE:
             y = load_tile(y_base, offs, stride_yn, row_mask, N, 0.0, Y_CONTIG, MASK_N)
             dy = load_tile(dy_base, offs, stride_dyn, row_mask, N, 0.0, DY_CONTIG, MASK_N)
-            dot = tl.sum((y * dy).to(ACC), axis=1)
-            store_tile(dx_base, offs, row_mask, N, _dx(y, dy, dot, ACC), MASK_N)
+            if LOG:
+                dot = tl.sum(dy.to(ACC), axis=1)
+            else:
+                dot = tl.sum((y * dy).to(ACC), axis=1)
+            store_tile(dx_base, offs, row_mask, N, _dx(y, dy, dot, ACC, LOG), MASK_N)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for t in tl.range(0, num_full):
                 cols = t * BLOCK_N + offs
                 y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
                 dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-                acc = tl.math.fma(y, dy, acc)
+                acc = _dot_term(y, dy, acc, LOG)
             if tail < N:
                 cols = tail + offs
                 y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
                 dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
-                dot = tl.sum(tl.math.fma(y, dy, acc).to(ACC), axis=1)
-                store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), True)
+                dot = tl.sum(_dot_term(y, dy, acc, LOG).to(ACC), axis=1)
+                store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC, LOG), True)
             else:
                 dot = tl.sum(acc.to(ACC), axis=1)
             for t in tl.range(0, num_full):
                 cols = (num_full - 1 - t) * BLOCK_N + offs
                 y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
                 dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-                store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), False)
+                store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC, LOG), False)

@@ -5,12 +5,12 @@ temporaries); `softmax_backward_split_kernel` adds a row's S partial sums and wr
 dx = y·(dy − Σ y·dy), its programs and tiles in the reverse order of the first kernel's so the data
 read last is re-read first from L2. Chunking and program numbering are the split forward's.
 float32 inputs add the per-thread partial sums in float64 into a float64 buffer (softmax_backward.py
-says why).
+says why). LOG: the log-softmax backward (Σ dy, dx = dy − e^y·Σ dy), as softmax_backward.py.
 """
 import triton
 import triton.language as tl
 
-from .softmax_backward import _dx
+from .softmax_backward import _dot_term, _dx
 from .softmax_io import load_tile, row_base, store_tile
 from .softmax_split import _chunk
 
@@ -19,7 +19,7 @@ from .softmax_split import _chunk
 def softmax_backward_dot_kernel(y_ptr, dy_ptr, dot_ptr, M, N, stride_ym, stride_yn, stride_dym,
                                 stride_dyn, CHUNK, S, BLOCK_M: tl.constexpr,
                                 BLOCK_N: tl.constexpr, Y_CONTIG: tl.constexpr,
-                                DY_CONTIG: tl.constexpr):
+                                DY_CONTIG: tl.constexpr, LOG: tl.constexpr = False):
     s, rows, row_mask, start, stop = _chunk(tl.program_id(0), S, M, N, CHUNK, BLOCK_M)
     y_base = row_base(y_ptr, rows, stride_ym)
     dy_base = row_base(dy_ptr, rows, stride_dym)
@@ -32,12 +32,12 @@ def softmax_backward_dot_kernel(y_ptr, dy_ptr, dot_ptr, M, N, stride_ym, stride_
         cols = start + t * BLOCK_N + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-        acc = tl.math.fma(y, dy, acc)
+        acc = _dot_term(y, dy, acc, LOG)
     if tail < stop:  # only the row's last chunk, where stop == N
         cols = tail + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
-        acc = tl.math.fma(y, dy, acc)
+        acc = _dot_term(y, dy, acc, LOG)
     # The buffer's type is the accumulation type (float64 for float32 data): the sum converts.
     tl.store(dot_ptr + rows.to(tl.int64) * S + s,
              tl.sum(acc.to(dot_ptr.dtype.element_ty), axis=1), mask=row_mask)
@@ -48,7 +48,7 @@ def softmax_backward_split_kernel(y_ptr, dy_ptr, dx_ptr, dot_ptr, M, N, stride_y
                                   stride_dym, stride_dyn, stride_dxm, CHUNK, S,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   BLOCK_S: tl.constexpr, Y_CONTIG: tl.constexpr,
-                                  DY_CONTIG: tl.constexpr):
+                                  DY_CONTIG: tl.constexpr, LOG: tl.constexpr = False):
     lin = tl.num_programs(0) - 1 - tl.program_id(0)
     s, rows, row_mask, start, stop = _chunk(lin, S, M, N, CHUNK, BLOCK_M)
     parts = tl.arange(0, BLOCK_S)
@@ -67,9 +67,9 @@ def softmax_backward_split_kernel(y_ptr, dy_ptr, dx_ptr, dot_ptr, M, N, stride_y
         cols = tail + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, True)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, True)
-        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), True)
+        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC, LOG), True)
     for t in tl.range(0, num_full):
         cols = start + (num_full - 1 - t) * BLOCK_N + offs
         y = load_tile(y_base, cols, stride_yn, row_mask, N, 0.0, Y_CONTIG, False)
         dy = load_tile(dy_base, cols, stride_dyn, row_mask, N, 0.0, DY_CONTIG, False)
-        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC), False)
+        store_tile(dx_base, cols, row_mask, N, _dx(y, dy, dot, ACC, LOG), False)

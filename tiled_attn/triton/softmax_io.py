@@ -6,6 +6,15 @@ contiguous (`COL_CONTIG`, set by the wrapper when stride_n == 1), so the hot loo
 math beyond the one pointer add per element and Triton sees unit stride and vectorizes the loads
 into 16-byte packs. Strided columns (a transposed view) widen to int64: col·stride_n can pass 2^31.
 
+Rows of 2^31 columns or more (backend=None takes rows of any length): N then arrives as an int64
+argument (Triton types an integer argument by its value), and every column index the kernels form
+from it (tile counts, a split chunk's start s·CHUNK, taken in N's type by softmax_split._chunk) is
+int64 with it. Rows below 2^31 columns keep int32 indices: each one the kernels form stays below
+⌈N/BLOCK_N⌉·BLOCK_N ≤ 2^31 (BLOCK_N and CHUNK are multiples of a power of two that divides 2^31;
+chunk ends are formed as start + min(N − start, CHUNK), never start + CHUNK). Measured on sm_90a
+builds: int64 columns on every row would cost the strided split_sync builds 16 registers and spills
+under their maxnreg = 80.
+
 `MASK_N` drops the column mask on full tiles: a mask whose constancy Triton cannot prove (N not a
 multiple of 16) would break the 16-byte packs for the whole row, so kernels walk full tiles unmasked
 and only the tail tile masked.
@@ -19,6 +28,8 @@ import triton
 import triton.language as tl
 
 from . import online
+from .attention_fwd import bf16_grid
+from .launch import interpreted
 
 # The online verbs take the exp2 scale as an argument; the softmax kernels pass LOG2E on raw inputs.
 # A @triton.jit function may read a global only if it is a tl.constexpr (online.LOG2E is a plain
@@ -65,6 +76,15 @@ def load_tile(base, cols, stride_n, row_mask, N, other, COL_CONTIG: tl.constexpr
 def store_tile(base, cols, row_mask, N, value, MASK_N: tl.constexpr, CACHE: tl.constexpr = _NONE):
     """Store into a row-major output (unit column stride), rounding to the output's dtype."""
     ptrs = base[:, None] + cols[None, :]
+    if _INTERPRETED and base.dtype.element_ty == tl.bfloat16:
+        value = bf16_grid(value)  # round to nearest even, as the GPU's conversion does
     tl.store(ptrs, value.to(base.dtype.element_ty), mask=tile_mask(row_mask, cols, N, MASK_N),
              cache_modifier=CACHE)
+
+
+# Triton 3.6's interpreter converts float32 to bfloat16 toward zero; the GPU's conversion rounds
+# to nearest even. In the interpreter, store_tile rounds to the bfloat16 grid first, so CPU runs
+# see the GPU's rounding: a log-softmax output near −20 was otherwise up to a whole ulp (0.125)
+# off where torch is within half of one, past DESIGN §4's 2× torch + eps. No code on the GPU.
+_INTERPRETED = tl.constexpr(interpreted(store_tile))
 

@@ -24,7 +24,7 @@ from .softmax_io import LOG2E, load_tile, row_base, store_tile
 def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
                           STAGES: tl.constexpr = 1, KEEP: tl.constexpr = "",
-                          LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
+                          LAST: tl.constexpr = "", STORE: tl.constexpr = "", LOG: tl.constexpr = False):
     ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -37,7 +37,7 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
         x_base = row_base(x_ptr, rows, stride_xm)
         y_base = row_base(y_ptr, rows, stride_ym)
 
-        m, l = identity(BLOCK_M)
+        m, l = identity(BLOCK_M, ACC)
         # Full tiles unmasked along the columns (keeps the 16-byte packs), the tail masked.
         for t in tl.range(0, num_full, num_stages=STAGES):
             x = load_tile(x_base, t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
@@ -49,9 +49,9 @@ def softmax_online_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                           LAST)
             m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
             # The state is final after the last tile: write it from registers, no re-read.
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), True, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG), True, STORE)
 
         for t in tl.range(0, num_full, num_stages=STAGES):
             cols = (num_full - 1 - t) * BLOCK_N + offs
             x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG), False, STORE)

@@ -11,6 +11,7 @@ shared memory with cp.async while this one is reduced (only an explicit tl.range
 does this for loads that feed no dot; the launch option alone does not), so a program keeps loads
 in flight through its own reductions instead of relying on other programs on the SM.
 Wins while a row fits in registers (up to 32K columns: see configs.py).
+LOG writes log-softmax instead (online.normalize), in this kernel and every other forward kernel.
 """
 import triton
 import triton.language as tl
@@ -23,7 +24,7 @@ from .softmax_io import LOG2E, load_tile, row_base, store_tile
 def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
                        MASK_N: tl.constexpr, STAGES: tl.constexpr = 1, LAST: tl.constexpr = "",
-                       STORE: tl.constexpr = ""):
+                       STORE: tl.constexpr = "", LOG: tl.constexpr = False):
     ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -34,7 +35,7 @@ def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
         # Padding columns read -inf: they add exp2(-inf) = 0 to l and never raise the max.
         x = load_tile(row_base(x_ptr, rows, stride_xm), cols, stride_xn, row_mask, N, float("-inf"),
                       COL_CONTIG, MASK_N, LAST)
-        m, l = identity(BLOCK_M)
+        m, l = identity(BLOCK_M)  # one tile, no running sum: float32 l even for float32 (online.py)
         m, l, _, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
-        store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, normalize(x, m, l, LOG2E, ACC),
+        store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG),
                    MASK_N, STORE)

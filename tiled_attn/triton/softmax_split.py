@@ -21,11 +21,13 @@ from .softmax_io import LOG2E, load_tile, row_base, store_tile
 
 @triton.jit
 def _chunk(lin, S, M, N, CHUNK, BLOCK_M: tl.constexpr):
-    """Program `lin`: its split s, its rows (and their mask), its columns [start, stop)."""
+    """Program `lin`: its split s, its rows (and their mask), its columns [start, stop), in N's
+    integer type (softmax_io.py: int64 exactly for rows of 2^31 columns or more). stop is formed
+    without start + CHUNK, which can pass 2^31 − 1 on a row below 2^31 columns."""
     s = lin % S
     rows = (lin // S) * BLOCK_M + tl.arange(0, BLOCK_M)
-    start = s * CHUNK
-    stop = tl.minimum(start + CHUNK, N)
+    start = s.to(N.dtype) * CHUNK
+    stop = start + tl.minimum(N - start, CHUNK)
     return s, rows, rows < M, start, stop
 
 
@@ -41,7 +43,7 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
     num_full = (stop - start) // BLOCK_N
     tail = start + num_full * BLOCK_N
 
-    m, l = identity(BLOCK_M)
+    m, l = identity(BLOCK_M, ACC)
     for t in tl.range(0, num_full, num_stages=STAGES):
         x = load_tile(x_base, start + t * BLOCK_N + offs, stride_xn, row_mask, N, float("-inf"),
                       COL_CONTIG, False, KEEP)
@@ -61,7 +63,8 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
                                    stride_ym, CHUNK, S, BLOCK_M: tl.constexpr,
                                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
                                    COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
-                                   LAST: tl.constexpr = "", STORE: tl.constexpr = ""):
+                                   LAST: tl.constexpr = "", STORE: tl.constexpr = "",
+                                   LOG: tl.constexpr = False):
     ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     lin = tl.num_programs(0) - 1 - tl.program_id(0)
     s, rows, row_mask, start, stop = _chunk(lin, S, M, N, CHUNK, BLOCK_M)
@@ -81,8 +84,8 @@ def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, 
     if tail < stop:
         cols = tail + offs
         x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, True, LAST)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), True, STORE)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG), True, STORE)
     for t in tl.range(0, num_full, num_stages=STAGES):
         cols = start + (num_full - 1 - t) * BLOCK_N + offs
         x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)
+        store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG), False, STORE)

@@ -46,16 +46,18 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
                               BLOCK_S: tl.constexpr, COL_CONTIG: tl.constexpr,
                               STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
                               KEEP: tl.constexpr = "", LAST: tl.constexpr = "",
-                              STORE: tl.constexpr = ""):
+                              STORE: tl.constexpr = "", LOG: tl.constexpr = False):
     ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
     pid = tl.program_id(0)
     s = pid % S
     groups = tl.num_programs(0) // S
-    start = s * CHUNK
+    # Columns in N's integer type (softmax_io.py); N − start, not start + CHUNK, which can pass
+    # 2^31 − 1 on a row below 2^31 columns.
+    start = s.to(N.dtype) * CHUNK
     offs = tl.arange(0, BLOCK_N)
     # Tiles before the register tile: full (inside [start, N)) and walked unmasked. The register
     # tile ends the chunk; only the row's last chunk can run past N, so `cols < N` masks it.
-    n_loop = (tl.minimum(start + CHUNK, N) - start - 1) // BLOCK_N
+    n_loop = (tl.minimum(N - start, CHUNK) - 1) // BLOCK_N
     last_start = start + n_loop * BLOCK_N
     parts = tl.arange(0, BLOCK_S)
     in_row = (parts < S)[None, :]
@@ -68,7 +70,7 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
         rows = row + tl.arange(0, 1)
         row_mask = rows < M
         x_base = row_base(x_ptr, rows, stride_xm)
-        m, l = identity(1)
+        m, l = identity(1, ACC)
         for t in tl.range(0, n_loop, num_stages=STAGES):
             x = load_tile(x_base, start + t * BLOCK_N + offs, stride_xn, row_mask, N,
                           float("-inf"), COL_CONTIG, False, KEEP)
@@ -107,10 +109,11 @@ def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M
         # A wait that timed out leaves the state incomplete: NaN, never a plausible wrong answer.
         l = tl.where(complete, l, float("nan"))
         y_base = row_base(y_ptr, rows, stride_ym)
-        store_tile(y_base, last_start + offs, row_mask, N, normalize(x_last, m, l, LOG2E, ACC), True, STORE)
+        store_tile(y_base, last_start + offs, row_mask, N, normalize(x_last, m, l, LOG2E, ACC, LOG),
+                   True, STORE)
         for t in tl.range(0, n_loop, num_stages=STAGES):
             cols = start + (n_loop - 1 - t) * BLOCK_N + offs
             x = load_tile(x_base, cols, stride_xn, row_mask, N, 0.0, COL_CONTIG, False, LAST)
-            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC), False, STORE)
+            store_tile(y_base, cols, row_mask, N, normalize(x, m, l, LOG2E, ACC, LOG), False, STORE)
         if PREFETCH:
             x_last = x_next
