@@ -117,12 +117,15 @@ def _split(mods, b, hq, gen, device):
 
 
 def run_varlen(backend, lq, lk, hq, hkv, d, dtype, mods, seed, *, backward=False, lse_grad=False,
-               extra_q=0, extra_k=0):
+               extra_q=0, extra_k=0, strided_cu=False):
     device = require(backend)
     gen = torch.Generator().manual_seed(seed)
     q, k, v = _packed_inputs(lq, lk, hq, hkv, d, dtype, device, gen, extra_q, extra_k)
     kw, slopes = _split(mods, len(lq), hq, gen, device)
     cq, ck = cu(lq, device), cu(lk, device)
+    if strided_cu:  # step-2 views: the kernels read cu_seqlens at unit stride
+        cq, ck = (torch.stack([c, c.flip(0)], 1)[:, 0] for c in (cq, ck))
+        assert cq.stride(0) == 2 and ck.stride(0) == 2
     what = f"{backend} lq={lq} lk={lk} H={hq}/{hkv} D={d} {DT[dtype]} {mods_id(mods)}"
 
     def fn(q_, k_, v_):
@@ -209,6 +212,16 @@ def test_rows_past_the_last_sequence(backend, seed):
     it are ignored; every sequence's rows are right."""
     on_this_device(backend)
     run_varlen(backend, [6, 11], [9, 3], 2, 1, 32, torch.float16, dict(causal=True), seed, extra_q=5, extra_k=7)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_strided_cu_seqlens(backend, backward, seed):
+    """cu_seqlens given as step-2 views (the second call runs from the cached signature)."""
+    on_this_device(backend)
+    for _ in range(2):
+        run_varlen(backend, [6, 0, 11], [9, 3, 14], 2, 1, 32, torch.float16, dict(causal=True), seed,
+                   backward=backward, strided_cu=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from . import _checks, _mods, reference
+from . import _checks, _mods, _plan, reference
 from .attention import _Attention, _grad_needed, _plan_for, _resolve
 
 __all__ = ["attention_varlen"]
@@ -78,15 +78,18 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, max_na
 _CHECKED: dict = {}
 
 
-@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                     causal: bool = False, scale: float | None = None, window=None, softcap=None,
-                     alibi_slopes=None, return_lse: bool = False, deterministic: bool = False,
-                     backend: str | None = None):
-    """Attention over packed sequences (see the module doc). Differentiable in q, k and v.
+def _sig(t):
+    """What validation reads of an argument: a tensor's layout, or a non-tensor itself (a bad one
+    keys its own miss, where validation names it; an unhashable one misses every time)."""
+    if isinstance(t, torch.Tensor):
+        return (t.shape, t.stride(), t.dtype, t.device)
+    return (type(t), t)
 
-    backend None is "triton" on CUDA and "torch" (tiled_attn.reference, per sequence) on the CPU.
-    The Triton backward runs the same packed layout (attention_bwd_ext.py)."""
+
+def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+              alibi_slopes, deterministic, backend):
+    """Everything but cu_seqlens' values (DESIGN §5), once per signature: (scale, backend, mods,
+    whether cu_seqlens_q / cu_seqlens_k need a unit-stride copy for the kernels)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t, ndim=3, layout_hint="(total, H, D)")
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -107,13 +110,50 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     mods = _mods.make(window, softcap, alibi_slopes, q4, batch,
                       varlen=(batch, int(max_seqlen_q), int(max_seqlen_k)))
     scale_v, backend = _resolve(q4, k4, v4, scale, causal, 0, True, backend, mods)
+    # The kernels read cu_seqlens[b] at unit stride: another layout is copied per call.
+    copies = tuple(cu.shape[0] > 1 and cu.stride(0) != 1 for cu in (cu_seqlens_q, cu_seqlens_k))
+    return scale_v, backend, mods, copies
+
+
+_SIGNATURES = _plan.PlanCache("attention varlen")
+
+
+@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, scale: float | None = None, window=None, softcap=None,
+                     alibi_slopes=None, return_lse: bool = False, deterministic: bool = False,
+                     backend: str | None = None):
+    """Attention over packed sequences (see the module doc). Differentiable in q, k and v.
+
+    backend None is "triton" on CUDA and "torch" (tiled_attn.reference, per sequence) on the CPU.
+    The Triton backward runs the same packed layout (attention_bwd_ext.py). A call: its signature's
+    validation (once: DESIGN §3) → cu_seqlens' values (read back once per tensor and version) →
+    the attention plan of the (1, H, total, D) views → the kernels."""
+    try:
+        key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q,
+               type(max_seqlen_q), max_seqlen_k, type(max_seqlen_k), causal, type(causal), scale, type(scale),
+               window, softcap, type(softcap), None if alibi_slopes is None else _sig(alibi_slopes),
+               deterministic, type(deterministic), backend)
+        checked = _SIGNATURES.get(key)
+    except (TypeError, AttributeError):
+        key = checked = None
+    if checked is None:
+        checked = _SIGNATURES.put(key, _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                 causal, scale, window, softcap, alibi_slopes, deterministic,
+                                                 backend))
+    else:  # the values (cached per tensor and version inside)
+        check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+    scale_v, backend, mods, (copy_q, copy_k) = checked
     if backend == "torch":
         # The reference's tiled algorithm per sequence, differentiated by torch's autograd.
         kw = _mods.reference_kwargs(mods._replace(varlen=None), alibi_slopes, None)
         out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale_v,
                                               return_lse=True, blockwise=True, **kw)
         return (out, lse) if return_lse else out
-    extras = (alibi_slopes, None, cu_seqlens_q, cu_seqlens_k)
+    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    extras = (alibi_slopes, None, cu_seqlens_q.contiguous() if copy_q else cu_seqlens_q,
+              cu_seqlens_k.contiguous() if copy_k else cu_seqlens_k)
     if _grad_needed(q, k, v):
         out4, lse3 = _Attention.apply(q4, k4, v4, scale_v, causal, 0, backend, return_lse, deterministic, mods,
                                       *extras)
