@@ -25,8 +25,8 @@ from pathlib import Path
 # Attention runs last: it is the longest (one FlexAttention compile per shape), so a run that
 # reaches its budget loses the fewest suites.
 # overhead first (seconds), e2e last (minutes, the model pairs).
-GPU_SUITES = ("overhead", "softmax", "softmax_backward", "decode", "varlen", "kvcache", "attention",
-              "attention_backward", "e2e")
+GPU_SUITES = ("overhead", "softmax", "softmax_random", "softmax_backward", "decode", "varlen", "kvcache",
+              "attention", "attention_backward", "e2e")
 ALIASES = {"softmax-backward": "softmax_backward", "attention-backward": "attention_backward", "backward": "softmax_backward",
            "bwd": "softmax_backward", "fwd": "softmax", "gpu": ",".join(GPU_SUITES)}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -80,8 +80,10 @@ def _suite_names(args, cuda: bool) -> list[str]:
 
 def _load_suites(names: list[str]) -> list:
     from . import (suite_attention, suite_attention_backward, suite_cpu, suite_decode, suite_e2e,
-                   suite_kvcache, suite_overhead, suite_softmax, suite_softmax_backward, suite_varlen)
+                   suite_kvcache, suite_overhead, suite_softmax, suite_softmax_backward,
+                   suite_softmax_random, suite_varlen)
     modules = {"softmax": [suite_softmax.SUITE], "softmax_backward": [suite_softmax_backward.SUITE],
+               "softmax_random": [suite_softmax_random.SUITE],
                "attention": [suite_attention.SUITE], "decode": [suite_decode.SUITE],
                "varlen": [suite_varlen.SUITE], "kvcache": [suite_kvcache.SUITE],
                "attention_backward": [suite_attention_backward.SUITE],

@@ -677,6 +677,40 @@ SOFTMAX = Op(
 )
 
 
+# Issue 16's random softmax shapes: the set the selection of backend=None is fitted on
+# (benchmarks/sweep_softmax_random.py) and the held-out set it is checked on (the suite
+# softmax_random), from fixed seeds so both are the same on every machine.
+RANDOM_SOFTMAX = dict(sweep_seed=16, heldout_seed=1016, sweep=64, heldout=32, n_max=1 << 25,
+                      elems=(1 << 20, 1 << 28))
+
+
+def random_softmax_shapes(seed: int, count: int, exclude_n: Iterable[int] = (),
+                          n_max: int = RANDOM_SOFTMAX["n_max"],
+                          elems: tuple[int, int] = RANDOM_SOFTMAX["elems"]) -> list[dict]:
+    """`count` shapes {M, N} with distinct row lengths N log-uniform in [1, n_max] (none of
+    `exclude_n`) and M·N log-uniform in `elems` (M >= 1; for N past elems[0] in [N, elems[1]],
+    so a long row still gets the whole range of sizes it can have)."""
+    rng = random.Random(seed)
+    seen, shapes = set(exclude_n), []
+    lo_e, hi_e = elems
+    while len(shapes) < count:
+        n = min(n_max, max(1, round(2 ** rng.uniform(0, math.log2(n_max)))))
+        if n in seen:
+            continue
+        seen.add(n)
+        e = 2 ** rng.uniform(math.log2(max(lo_e, n)), math.log2(hi_e))
+        m = min(hi_e // n, max(-(-lo_e // n), round(e / n), 1))
+        shapes.append(dict(M=m, N=n))
+    return shapes
+
+
+def random_softmax_sets() -> tuple[list[dict], list[dict]]:
+    """(the sweep's shapes, the held-out shapes): two seeds, held-out lengths none of the sweep's."""
+    r = RANDOM_SOFTMAX
+    sweep = random_softmax_shapes(r["sweep_seed"], r["sweep"])
+    return sweep, random_softmax_shapes(r["heldout_seed"], r["heldout"], {s["N"] for s in sweep})
+
+
 def _softmax_backward_inputs(c, dev, g):
     y = torch.softmax(_randn((c["M"], c["N"]), c, dev, g), -1)  # the y autograd would save
     return y, _randn((c["M"], c["N"]), c, dev, g)
@@ -1024,17 +1058,20 @@ def _call_quietly(fn):
 
 
 def ours_softmax(backend: str, *, auto: bool = True,
-                 supports: dict[str, Callable[[dict], str | None]] | None = None) -> Expand:
+                 supports: dict[str, Callable[[dict], str | None]] | None = None,
+                 kernels: Sequence[str] | None = None) -> Expand:
     """ta.softmax with backend pinned: the dispatcher's choice (`auto`, named after the backend)
-    and every kernel of ta.softmax_kernels(backend), each as its own line. `supports` maps a
-    kernel name ("*": all) to a rule that declines cases (e.g. a per-column loop on big rows)."""
+    and every kernel of ta.softmax_kernels(backend) (or only `kernels`), each as its own line.
+    `supports` maps a kernel name ("*": all) to a rule that declines cases (e.g. a per-column loop
+    on big rows)."""
     rules = supports or {}
 
     def make(device):
         reason = backend_unavailable(backend, device)
         if reason:
             return [Provider(backend, None, available=lambda d: reason)]
-        names = ([None] if auto else []) + list(ta.softmax_kernels(backend))
+        names = ([None] if auto else []) + list(ta.softmax_kernels(backend) if kernels is None
+                                                 else kernels)
         return [Provider(backend if k is None else f"{backend}:{k}",
                          (lambda c, inp, k=k: ta.softmax(inp[0], -1, backend=backend, kernel=k)),
                          supports=rules.get(k, rules.get("*")))

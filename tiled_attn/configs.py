@@ -433,6 +433,21 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
                    "CUDA_SOFTMAX in tiled_attn/configs.py")
 
 # ---------------------------------------------------------------------------------------------
+# Softmax backend and kernel for backend=None on CUDA (tiled_attn/softmax_select.py, issue 16).
+# ---------------------------------------------------------------------------------------------
+# Key: (arch, dtype, layout, pool); layout "contig" (unit column stride) or "strided"; pool "all"
+# (the CUDA extension can be used) or "triton" (it cannot, or log_softmax, which it lacks).
+# Value: rows (n_max, m_min, backend, kernel), read in order: the first with N <= n_max and
+# M >= m_min gives the (backend, kernel). A key without rows, or an N past its last row, keeps
+# the choice made before this table (DEFAULT_BACKEND, then that backend's own kernel rule).
+# Written by `python benchmarks/sweep_softmax_random.py --apply SWEEP_JSON` from eager timings of
+# every kernel over issue 16's random shapes (the figures are in benchmarks/results/).
+SOFTMAX_SELECT: dict = _Table({
+    # ---- sweep_softmax_random.py --apply (begin)
+    # ---- sweep_softmax_random.py --apply (end)
+})
+
+# ---------------------------------------------------------------------------------------------
 # Triton attention (tiled_attn/triton/attention.py) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------
 # Key: (kernel, arch, dtype, D class, causal, size class); any of dtype, D class, causal and size

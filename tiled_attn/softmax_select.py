@@ -1,0 +1,116 @@
+"""backend=None's backend and kernel for a softmax on a CUDA device, chosen from measurement.
+
+`select(m, n, dtype, contiguous, arch, cuda_ok, log)` reads configs.SOFTMAX_SELECT: rows over the row
+length N (and, where it paid, the row count M) per (arch, dtype, layout), fitted by
+benchmarks/sweep_softmax_random.py on eager timings of every kernel of every backend over a random
+set of shapes, and checked on a held-out set (issue 16). It is a pure function of its arguments and
+that table: no device reads, so tiled_attn/softmax.py calls it once, when it makes a plan, never per
+call. With no row for the key (an unmeasured arch, dtype or layout, an N past the sweep's longest
+row) it returns the choice made before the table existed: DEFAULT_BACKEND's backend with its own
+kernel rule (kernel None).
+
+A row never makes a call fail that the old choice would have run: the CUDA backend needs its
+extension (`cuda_ok`) and has no log_softmax kernels, so without them the "triton" pool's rows
+apply; a kernel that holds the row on chip is returned only for rows it takes whatever the layout
+and alignment (`max_n`), else its backend's own rule picks.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import configs
+
+__all__ = ["select", "for_tensor", "today", "max_n", "layout_key"]
+
+_INF = float("inf")
+
+# The longest rows of the CUDA kernels that cache a row on chip, for any layout and alignment
+# (csrc/softmax/): a plan is keyed by shape and strides, not by the data pointer, so a plan made on
+# a 16-byte-aligned tensor may run on a misaligned one of the same shape, which takes the scalar
+# path. block_row_reg: kMaxThreads (1024) × kBlockRowRegMaxColsPerThreadScalar (8) = 8192 (32768
+# when packable). block_row_smem: the opt-in shared memory less its reserve, (227 KB − 1 KB) / 16
+# · 16 = 231424 bytes a CTA, times kMaxCluster = 8 CTAs on sm_90; other archs are not listed (the
+# extension asks the device), so there it is never picked. The other rungs take any length.
+_CUDA_BLOCK_ROW_REG_MAX_N = 1024 * 8
+_CUDA_BLOCK_ROW_SMEM_BYTES = {"sm90": 231424 * 8}
+
+
+def _dtype_key(dtype) -> str:
+    return dtype if isinstance(dtype, str) else configs.dtype_key(dtype)
+
+
+def _esize(dt: str) -> int:
+    return 4 if dt == "fp32" else 2
+
+
+def layout_key(contiguous: bool) -> str:
+    return "contig" if contiguous else "strided"
+
+
+def today(cuda_ok: bool, log: bool = False) -> tuple[str, None]:
+    """The choice before SOFTMAX_SELECT: DEFAULT_BACKEND's backend for CUDA (Triton where the CUDA
+    extension cannot run or for log_softmax), with that backend's own kernel rule."""
+    backend = configs.DEFAULT_BACKEND[("softmax", "cuda")]
+    if backend == "cuda" and (log or not cuda_ok):
+        backend = "triton"
+    return backend, None
+
+
+def max_n(backend: str, kernel: str, arch: str, dtype) -> float:
+    """The longest row `kernel` of `backend` takes for every layout and alignment (inf: any)."""
+    dt = _dtype_key(dtype)
+    if backend == "triton":
+        if kernel != "row":
+            return _INF
+        # configs.triton_softmax_config: the first (arch, dtype) table whose largest class covers
+        # N answers, so "row" takes any N up to the largest class among them.
+        bounds = [k[3] for k in configs.TRITON_SOFTMAX
+                  if k[0] == "row" and k[1] in (arch, "any") and k[2] in (dt, "any")]
+        return max(bounds, default=0)
+    if backend == "cuda":
+        if kernel == "block_row_reg":
+            return _CUDA_BLOCK_ROW_REG_MAX_N
+        if kernel == "block_row_smem":
+            return _CUDA_BLOCK_ROW_SMEM_BYTES.get(arch, 0) // _esize(dt)
+        return _INF
+    return 0
+
+
+def _usable(backend: str, cuda_ok: bool, log: bool) -> bool:
+    return backend == "triton" or (backend == "cuda" and cuda_ok and not log)
+
+
+def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
+           log: bool = False) -> tuple[str, str | None]:
+    """(backend, kernel or None) for a softmax (log_softmax with `log`) over M rows of N columns of
+    `dtype` on a device of `arch` (configs.arch), rows with unit column stride or not
+    (`contiguous`), the CUDA extension usable or not (`cuda_ok`). Deterministic; reads only
+    configs.SOFTMAX_SELECT and the kernel limits above."""
+    dt = _dtype_key(dtype)
+    pools = ("all", "triton") if cuda_ok and not log else ("triton",)
+    for pool in pools:
+        rows = configs.SOFTMAX_SELECT.get((arch, dt, layout_key(contiguous), pool))
+        if not rows:
+            continue
+        for n_max, m_min, backend, kernel in rows:
+            if n <= n_max and m >= m_min:
+                if not _usable(backend, cuda_ok, log):
+                    break  # a hand-edited row: the pool's promise broken, keep today's choice
+                if kernel is not None and n > max_n(backend, kernel, arch, dt):
+                    return backend, None  # past the kernel's limit: its backend's own rule
+                return backend, kernel
+        return today(cuda_ok, log)  # N past the measured rows (or a broken row)
+    return today(cuda_ok, log)
+
+
+def for_tensor(x: torch.Tensor, dim: int, log: bool = False,
+               contiguous: bool | None = None) -> tuple[str, str | None]:
+    """select() for ta.softmax(x, dim) with backend=None on a CUDA device (called when a plan is
+    made). `contiguous`: whether the kernel reads rows with unit column stride (default: x's stride
+    along dim is 1; the dispatcher passes True where it copies the rows into order first)."""
+    from . import cuda
+    n = x.shape[dim]
+    m = x.numel() // n if n else 0
+    if contiguous is None:
+        contiguous = x.stride(dim) == 1 or n <= 1
+    return select(m, n, x.dtype, contiguous, configs.arch(x.device), cuda.is_available(), log)
