@@ -62,6 +62,10 @@ TORCH, DEFAULT, SELECTED = "torch.softmax", "default", "selected"
 THREAD_PER_ROW = ("naive", "online_thread")
 THREAD_PER_ROW_MAX_N = 131072
 LAM = 0.1  # a row boundary must buy >= 10% summed over its shapes: timing noise is ~2-3% a shape
+# A pinned kernel must beat its backend's own rule by > 1% a shape to be chosen over it: where the
+# rule runs that same kernel they time alike, and the rule carries its M-dependent switches to
+# shapes the sweep did not draw.
+PINNED = 0.01
 # Cost model of the estimate (H100 host, 2026-11): a Triton compile ~1.2 s of one core; an eager
 # call's host floor ~15 µs; DRAM ~2.5 TB/s for what a call and the float64 check move.
 COMPILE_S, HOST_S, BW = 1.2, 15e-6, 2.5e12
@@ -81,17 +85,27 @@ def esize(dt: str) -> int:
 # ------------------------------------------------------------------------------------------------
 # what is timed
 # ------------------------------------------------------------------------------------------------
-def cand_name(backend: str, kernel: str) -> str:
-    return f"{backend}:{kernel}"
+# A candidate of the fit: "backend:kernel" pinned, or "backend" alone, that backend's own kernel
+# rule (kernel None: its M-dependent rules, e.g. few rows -> split, come with it).
+def cand_name(backend: str, kernel: str | None) -> str:
+    return backend if kernel is None else f"{backend}:{kernel}"
 
 
-def parse_cand(name: str) -> tuple[str, str]:
-    backend, kernel = name.split(":", 1)
-    return backend, kernel
+def parse_cand(name: str) -> tuple[str, str | None]:
+    backend, _, kernel = name.partition(":")
+    return backend, kernel or None
+
+
+def is_cand(name: str) -> bool:
+    return parse_cand(name)[0] in ("triton", "cuda")
+
+
+def backend_of(name: str) -> str:
+    return parse_cand(name)[0]
 
 
 def all_kernels() -> list[str]:
-    return [cand_name(b, k) for b in ("triton", "cuda") for k in ta.softmax_kernels(b)]
+    return [cand_name(b, k) for b in ("triton", "cuda") for k in (None, *ta.softmax_kernels(b))]
 
 
 def pick_kernels(globs: str | None) -> list[str]:
@@ -141,7 +155,8 @@ def suite_for(shape: dict, layout: str, dtypes, providers) -> h.Suite:
 # ------------------------------------------------------------------------------------------------
 def triton_jobs(shapes, dtypes, layouts, kernels, arch: str = "sm90") -> list[tuple]:
     """One worker job per (dtype, shape, layout): the Triton kernels to run once there."""
-    tk = [parse_cand(n)[1] for n in kernels if n.startswith("triton:")]
+    # backend="triton" with its own rule runs one of the pinned kernels: nothing of its own
+    tk = [parse_cand(n)[1] for n in kernels if backend_of(n) == "triton" and parse_cand(n)[1]]
     jobs = []
     for s in shapes:
         for dt in dtypes:
@@ -193,18 +208,19 @@ def estimate(sweep, heldout, dtypes, layouts, kernels, args) -> dict:
     n_held = 3 + min(len(kernels), 8)
     held_s = sum(case_seconds(s["M"], s["N"], dt, n_held, args.warmup_ms, args.reps_ms)
                  for s in heldout for dt in dtypes for _ in layouts)
-    build_s = EXT_BUILD_S if any(k.startswith("cuda:") for k in kernels) else 0
+    build_s = EXT_BUILD_S if any(backend_of(k) == "cuda" for k in kernels) else 0
     # Each compiled kernel is loaded from Triton's disk cache at its first timed call (~20 ms).
     return dict(jobs=len(jobs), compiles=round(compiles), compile_s=compile_s, sweep_s=sweep_s,
                 heldout_s=held_s, total_s=20 + max(compile_s, build_s) + 0.02 * compiles + sweep_s + held_s)
 
 
 def print_plan(sweep, heldout, dtypes, layouts, kernels, args, est) -> None:
-    npow2 = sum(1 for s in sweep if s["N"] & (s["N"] - 1) == 0)
-    log(f"sweep: {len(sweep)} shapes ({len(sweep) - npow2} row lengths not a power of two), N "
-        f"{min(s['N'] for s in sweep)}..{max(s['N'] for s in sweep)}, x {len(dtypes)} dtypes "
-        f"({','.join(dtypes)}) x {len(layouts)} layouts ({','.join(layouts)}); held-out: "
-        f"{len(heldout)} shapes")
+    def lengths(shapes):
+        npow2 = sum(1 for s in shapes if s["N"] & (s["N"] - 1) == 0)
+        return (f"{len(shapes)} shapes ({len(shapes) - npow2} row lengths not a power of two, N "
+                f"{min(s['N'] for s in shapes)}..{max(s['N'] for s in shapes)})" if shapes else "none")
+    log(f"sweep: {lengths(sweep)}; held-out: {lengths(heldout)}; x {len(dtypes)} dtypes "
+        f"({','.join(dtypes)}) x {len(layouts)} layouts ({','.join(layouts)})")
     log(f"kernels ({len(kernels)}): {', '.join(kernels)}; plus {DEFAULT} and {TORCH}")
     log(f"estimate: {est['jobs']} compile jobs, ~{est['compiles']} Triton compiles on {args.jobs} "
         f"procs ~{est['compile_s']:.0f} s (the CUDA extension, if not built yet, ~{EXT_BUILD_S} s "
@@ -321,7 +337,7 @@ def line(records, dt) -> str:
     ok = {r["provider"]: r for r in recs if r["status"] == h.OK}
     label = recs[0]["label"]
     t = ok.get(TORCH)
-    kern = [r for n, r in ok.items() if ":" in n]
+    kern = [r for n, r in ok.items() if is_cand(n)]
     best = min(kern, key=lambda r: r["ms"], default=None)
 
     def fig(r):
@@ -364,11 +380,11 @@ def _boundary(a: int, b: int) -> int:
     return p if p >= a else max(a, math.isqrt(a * b))
 
 
-def fit_rows(points, cands, limit, lam=LAM, torch_weight=1.0, top=None):
+def fit_rows(points, cands, limit, lam=LAM, torch_weight=1.0, top=None, prior=lambda c: 0.0):
     """Rows [(n_max, m_min, cand)] over the points sorted by N (see the module docstring), and each
     point's chosen cand. `limit(cand)` is the longest row cand takes; a row's cand must take every
     N up to its n_max. `top`: the last row's n_max (default: the largest power of two >= the
-    longest row measured)."""
+    longest row measured). `prior(cand)`: a loss added at every point (a preference)."""
     cands = sorted(cands)
     if not points or not cands:
         return [], []
@@ -383,7 +399,7 @@ def fit_rows(points, cands, limit, lam=LAM, torch_weight=1.0, top=None):
                 row.append(inf)
                 continue
             short = math.log(t / p["torch"]) if p["torch"] else 0.0
-            row.append(math.log(t / best) + torch_weight * max(0.0, short))
+            row.append(math.log(t / best) + torch_weight * max(0.0, short) + prior(c))
         loss.append(row)
     s = len(points)
     top = top or 1 << (points[-1]["n"] - 1).bit_length()
@@ -451,18 +467,18 @@ def fit_rows(points, cands, limit, lam=LAM, torch_weight=1.0, top=None):
 def fit(records, dtypes, layouts, arch: str, lam: float = LAM) -> tuple[dict, list]:
     """{(arch, dtype, layout, pool): rows (n_max, m_min, backend, kernel)} and a per-point report."""
     table, report = {}, []
-    kernels = {r["provider"] for r in records if ":" in r["provider"] and r["status"] == h.OK}
+    kernels = {r["provider"] for r in records if is_cand(r["provider"]) and r["status"] == h.OK}
     for dt in dtypes:
         for layout in layouts:
             for pool in ("all", "triton"):
-                cands = sorted(k for k in kernels if pool == "all" or k.startswith("triton:"))
-                if pool == "all" and not any(k.startswith("cuda:") for k in cands):
+                cands = sorted(k for k in kernels if pool == "all" or backend_of(k) == "triton")
+                if pool == "all" and not any(backend_of(k) == "cuda" for k in cands):
                     continue  # no CUDA kernel timed: the "triton" rows serve both
 
                 def limit(c, dt=dt):
                     return softmax_select.max_n(*parse_cand(c), arch, dt)
                 pts = points_of(records, dt, layout, cands)
-                rows, chosen = fit_rows(pts, cands, limit, lam,
+                rows, chosen = fit_rows(pts, cands, limit, lam, prior=lambda c: PINNED if parse_cand(c)[1] else 0.0,
                                         top=h.RANDOM_SOFTMAX["n_max"] if pts and pts[-1]["n"] <= h.RANDOM_SOFTMAX["n_max"] else None)
                 if not rows:
                     continue
@@ -518,7 +534,7 @@ def block_lines(doc: dict) -> list[str]:
         rows = table[key]
         lines.append(f"    ({', '.join(json.dumps(v) for v in key)}): (")
         for i, (n_max, m_min, b, k) in enumerate(rows):
-            lines.append(f"        ({n_max}, {m_min}, {json.dumps(b)}, {json.dumps(k)}),  "
+            lines.append(f"        ({n_max}, {m_min}, {json.dumps(b)}, {'None' if k is None else json.dumps(k)}),  "
                          f"# {_row_note(report, key, rows, i)}")
         lines.append("    ),")
     return lines + [END]
@@ -561,7 +577,7 @@ def heldout_summary(records, dtypes, layouts, wired: bool) -> dict:
         same = [r for r in records if r["case"] == c and r["status"] == h.OK]
         ok = {r["provider"]: r for r in same}
         sel = ok.get(head)
-        kern = [r for r in same if ":" in r["provider"]]
+        kern = [r for r in same if is_cand(r["provider"])]
         best = min(kern, key=lambda r: r["ms"], default=None)
         if sel is None:
             continue
@@ -691,7 +707,7 @@ def main(argv=None) -> int:
     unavailable: dict = {}
     build = None
     if not smoke:
-        build = ExtBuild(any(k.startswith("cuda:") for k in kernels))
+        build = ExtBuild(any(backend_of(k) == "cuda" for k in kernels))
         precompile(triton_jobs(sweep + heldout, dtypes, layouts, kernels, arch), args.jobs, compile_deadline)
         # The build may outlast the Triton compiles: it gets the compile budget, or a minute more
         # when the compiles ended early (the CUDA kernels are half of what the sweep compares).
@@ -716,8 +732,8 @@ def main(argv=None) -> int:
         if sweep:
             # (2) the sweep, backend=None as it was before any fit ("default")
             install({})
-            est_held = est["heldout_s"] * 1.2 + 10
-            sweep_deadline = deadline - min(0.3 * args.budget, max(30.0, est_held))
+            # the held-out check's share: its estimate with room (the estimate leaves out slow rungs)
+            sweep_deadline = deadline - min(0.3 * args.budget, max(45.0, 1.5 * est["heldout_s"] + 10))
             records, aborted = time_shapes(sweep, dtypes, layouts,
                                            provs + [h.default_softmax(), h.torch_softmax()],
                                            cfg, sweep_deadline, 16_000, "sweep")
