@@ -307,3 +307,38 @@ def test_smoke_run_fit_heldout_and_apply(tmp_path, table, capsys):
             c = r["case"]
             b, k = softmax_select.select(c["M"], c["N"], "fp32", True, "cpu", False)
             assert b == "triton" and (k is None or k in ("row", "online", "split"))
+
+
+# ------------------------------------------------------------------------------------------------
+# backend=None through the selection (tiled_attn/softmax.py's _pick), on the CPU: the dispatcher
+# is made to take its CUDA branch (the Triton interpreter runs the kernels)
+# ------------------------------------------------------------------------------------------------
+SM = importlib.import_module("tiled_attn.softmax")  # the module (tiled_attn.softmax is the function)
+
+
+@pytest.mark.skipif(not hasattr(SM, "_pick"), reason="backend=None does not call softmax_select yet")
+def test_backend_none_follows_the_selection(table, monkeypatch):
+    sm = SM
+    real = sm._resolve
+
+    def resolve(x, dim, backend, kernel, log=False):
+        d, b = real(x, dim, backend, kernel, log)
+        return d, "triton" if b == sm.NATIVE else b
+    monkeypatch.setattr(sm, "_resolve", resolve)
+    table({("cpu", "fp32", "contig", "triton"): ((64, 1, "triton", "online"),),
+           ("cpu", "fp32", "strided", "triton"): ((64, 1, "triton", "split"),)})
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    for log, ref in ((False, torch.softmax), (True, torch.log_softmax)):
+        plan = sm._plan_for(x, 1, None, None, log)
+        assert (plan.backend, plan.kernel) == ("triton", "online")
+        fn = sw.ta.log_softmax if log else sw.ta.softmax
+        torch.testing.assert_close(fn(x), ref(x, -1))
+        xg = x.clone().requires_grad_()  # autograd runs the plan's kernel, its backward the backend's
+        fn(xg).sum().backward()
+        want = x.clone().requires_grad_()
+        ref(want, -1).sum().backward()
+        torch.testing.assert_close(xg.grad, want.grad)
+    assert sm._plan_for(torch.randn(3, 100), 1, None, None).kernel is None       # past the rows
+    assert sm._plan_for(torch.randn(40, 3).t(), 1, None, None).kernel == "split"  # strided rows
+    assert sm._plan_for(torch.randn(3, 5, 7), 1, None, None).kernel == "online"  # rows copied first
+    assert sm._plan_for(x, 1, "triton", None).kernel is None                   # a pinned backend
