@@ -94,7 +94,7 @@ def test_log_softmax_is_its_own_signature(made, seed):
         assert_rule(y, _softmax_ref(x, -1), torch.softmax(x, -1), dtype=x.dtype, seed=seed)
         z = ta.log_softmax(x, -1, backend="triton")
         assert_rule(z, torch.log_softmax(x.double(), -1), torch.log_softmax(x, -1), dtype=x.dtype,
-                    seed=seed, what="log_softmax")
+                    seed=seed, what="log_softmax", ulp_floor=True)
     assert made == [("SoftmaxPlan", "triton"), ("SoftmaxPlan", "triton")]
     assert [p.log for p in SOFTMAX._PLANS.values()] == [False]
     assert [p.log for p in SOFTMAX._LOG_PLANS.values()] == [True]

@@ -111,7 +111,7 @@ def _check(x, dim, backend, kernel, seed, what="", log=False):
     if x.numel():
         assert_rule(y, _ref_softmax(x, dim, log), theirs(x, dim), dtype=x.dtype, seed=seed,
                     what=f"{'log ' if log else ''}{backend}/{kernel} {what} {tuple(x.shape)} dim={dim} "
-                         f"{x.dtype}")
+                         f"{x.dtype}", ulp_floor=log)
     return y
 
 
@@ -264,7 +264,9 @@ def _grad_shapes():
     (row on chip, split for few long rows, looped for many), plus layouts."""
     if CPU_INTERPRETER:  # 'cpu' rule: row up to 1024 columns, split below 8 rows
         return [((7, 33), -1), ((3, 1500), -1), ((9, 1100), -1), ((1, 1), -1), ((5, 3, 40), 1)]
-    return [((7, 33), -1), ((3, 40000), -1), ((300, 20000), -1), ((1, 1), -1), ((5, 3, 40), 1)]
+    # 5 × 12000: a one-tile backward row, which float32 log-softmax takes looped (_LOG_FP32_ROW_MAX_N).
+    return [((7, 33), -1), ((3, 40000), -1), ((300, 20000), -1), ((1, 1), -1), ((5, 3, 40), 1),
+            ((5, 12000), -1)]
 
 
 def _check_grad(x, dim, backend, kernel, seed, dy=None, what="", log=False):
@@ -294,11 +296,12 @@ def _check_grad(x, dim, backend, kernel, seed, dy=None, what="", log=False):
     if x.dtype == torch.float64:
         xt = x.detach().clone().requires_grad_()
         theirs(xt, dim).backward(dy)
-        assert_rule(xo.grad, _ref_grad(x, dy, dim, log), xt.grad, dtype=x.dtype, seed=seed, what=tag)
+        assert_rule(xo.grad, _ref_grad(x, dy, dim, log), xt.grad, dtype=x.dtype, seed=seed, what=tag,
+                    ulp_floor=log)
         return
     y = ours(x.detach(), dim, backend=backend, kernel=kernel)  # what the forward saved
     assert_rule(xo.grad, reference.softmax_backward(y.cpu().double(), dy.cpu().double(), dim, log),
-                theirs_backward(dy, y, dim, x.dtype), dtype=x.dtype, seed=seed, what=tag)
+                theirs_backward(dy, y, dim, x.dtype), dtype=x.dtype, seed=seed, what=tag, ulp_floor=log)
 
 
 @pytest.mark.parametrize("shape,dim", _grad_shapes(), ids=str)
@@ -338,6 +341,27 @@ def test_log_softmax_backward_special_values(backend, kernel, seed):
     _check_grad(x, -1, backend, kernel, seed, what="-inf entries and rows", log=True)
     _check_grad(randn((4, 500), torch.float32, device, gen, 1e4), -1, backend, kernel, seed,
                 what="1e4", log=True)
+
+
+def test_triton_log_backward_fp32_past_row_limit_runs_looped(monkeypatch, seed):
+    """float32 log-softmax rows past _LOG_FP32_ROW_MAX_N take the looped backward (its one-tile
+    build spills with e^y in float64), softmax's keep the one-tile backward; both correct."""
+    from tiled_attn.triton import softmax as ts
+    device = _require("triton")
+    monkeypatch.setattr(ts, "_LOG_FP32_ROW_MAX_N", 64)
+    one_tile, real = [], ts.Launch
+
+    def launch(fn, grid, meta, dev, *a):
+        if fn is ts.softmax_backward_kernel:
+            one_tile.append(meta["ONE_TILE"])
+        return real(fn, grid, meta, dev, *a)
+
+    monkeypatch.setattr(ts, "Launch", launch)
+    x = randn((9, 200), torch.float32, device, torch.Generator().manual_seed(seed), 3.0)
+    _check_grad(x, -1, "triton", None, seed, what="past the log row limit", log=True)
+    assert one_tile == [False]
+    _check_grad(x, -1, "triton", None, seed, what="softmax at the same size")
+    assert one_tile == [False, True]
 
 
 def test_float64_gradcheck_torch_backend(seed):
@@ -873,9 +897,13 @@ def _sm90_builds():
 
 def _with_log(builds: list) -> list:
     """Each build, and its log-softmax build (LOG=True) where the kernel has the switch."""
+    from tiled_attn.triton import softmax as ts
     out = []
     for label, kernel, consts, data, options in builds:
-        if "LOG" in kernel.arg_names:  # a constexpr left out of consts would build as an argument
+        if (label.startswith("backward_row") and " as fp32" in label
+                and consts["BLOCK_N"] > ts._LOG_FP32_ROW_MAX_N):  # never launched with LOG
+            out.append((label, kernel, dict(consts, LOG=False), data, options))
+        elif "LOG" in kernel.arg_names:  # a constexpr left out of consts would build as an argument
             out.append((label, kernel, dict(consts, LOG=False), data, options))
             out.append((f"{label} LOG", kernel, dict(consts, LOG=True), data, options))
         else:

@@ -172,8 +172,12 @@ def log_softmax(x: torch.Tensor, dim: int = -1, tile: int = 1 << 16) -> torch.Te
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int = -1, log: bool = False) -> torch.Tensor:
     """dx = y·(dy − Σ dy·y); log (y the log-softmax output): dx = dy − exp(y)·Σ dy. Accumulated
-    in float32 (float64 for float64)."""
+    in float32 (float64 for float64). The log form of float32 data runs in float64: exp(y)·Σ dy is
+    many times dx, and exp(y)'s float32 rounding times Σ dy would be all of its error
+    (tiled_attn/triton/softmax_backward.py says more)."""
     acc = _acc_dtype(y.dtype)
+    if log and y.dtype == torch.float32:
+        acc = torch.float64
     ya, dya = y.to(acc), dy.to(acc)
     if log:
         return (dya - torch.exp(ya) * dya.sum(dim=dim, keepdim=True)).to(y.dtype)

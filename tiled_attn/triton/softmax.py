@@ -45,6 +45,10 @@ SOFTMAX_KERNELS = ("row", "online", "split")
 # Rows of any length (DESIGN §3: billions of columns on the default backend): column indices are
 # int64 on rows of _INT64_N columns or more, int32 below (softmax_io.py says how).
 _INT64_N = 2**31  # Triton passes an integer argument of this value or more as an int64
+# The float32 log-softmax backward takes e^y in float64 per element (softmax_backward.py): in one
+# tile of 16384 columns (32 warps, 64 registers a thread) that spilled 56 bytes on sm_90a, so its
+# rows past 8192 columns take the looped backward.
+_LOG_FP32_ROW_MAX_N = 8192
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,6 +400,8 @@ def plan_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, log: bool
     device = y.device
     arch = configs.arch(device)
     variant = "backward_" + _choose(m, n, arch, y.dtype, device, "backward_row_max_n")
+    if log and variant == "backward_row" and y.dtype == torch.float32 and n > _LOG_FP32_ROW_MAX_N:
+        variant = "backward_online"
     cfg = _config(variant, n, arch, y.dtype, _col_contig(y) and _col_contig(dy))
     ints = (m, n, y.stride(0), y.stride(1), dy.stride(0), dy.stride(1))
     contig = dict(Y_CONTIG=_col_contig(y), DY_CONTIG=_col_contig(dy), **_log(log))
