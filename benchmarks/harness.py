@@ -1129,7 +1129,9 @@ def default_softmax_backward() -> Provider:
 
     def fn(case, inputs):
         y, dy = inputs[0], inputs[1]
-        return softmax_mod._backward(y, dy, y.dim() - 1, softmax_mod._resolve(y, -1, None, None)[1])
+        # the backend of backend=None's forward plan (a cached lookup), as autograd would run
+        backend = softmax_mod._plan_for(y, y.dim() - 1, None, None).backend
+        return softmax_mod._backward(y, dy, y.dim() - 1, backend)
     return Provider("default", fn)
 
 

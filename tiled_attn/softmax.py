@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _plan, configs, reference
+from . import _checks, _plan, configs, reference, softmax_select
 
 __all__ = ["softmax", "log_softmax", "softmax_kernels"]
 
@@ -205,6 +205,17 @@ def _resolve(x, dim, backend, kernel, log: bool = False) -> tuple[int, str]:
     return dim, backend
 
 
+def _pick(x, dim, backend, kernel, log: bool = False) -> tuple[int, str, str | None]:
+    """_resolve, then backend=None's kernel on CUDA: the measured choice of softmax_select.py
+    (configs.SOFTMAX_SELECT; today's choice where it has no row). Symbolic shapes (torch.compile
+    with dynamic shapes) keep today's choice rather than guard on the table's bounds."""
+    dim, chosen = _resolve(x, dim, backend, kernel, log)
+    if backend is None and chosen in ("triton", "cuda") and x.dim() and all(type(s) is int for s in x.shape):
+        # rows copied into order first are read with unit column stride
+        chosen, kernel = softmax_select.for_tensor(x, dim, log, None if _rows_are_a_view(x, dim) else True)
+    return dim, chosen, kernel
+
+
 def _plan_for(x: torch.Tensor, dim: int, backend: str | None, kernel: str | None, log: bool = False):
     """The plan of this call's signature (x a plain tensor of >= 1 dim, dim an int): a hit means
     the same signature was validated before; a miss validates and plans."""
@@ -215,8 +226,8 @@ def _plan_for(x: torch.Tensor, dim: int, backend: str | None, kernel: str | None
     except TypeError:  # an unhashable argument: validation names it
         key = plan = None
     if plan is None:
-        dim_, backend_ = _resolve(x, dim, backend, kernel, log)
-        plan = cache.put(key, SoftmaxPlan(x, dim_, backend_, kernel, log))
+        dim_, backend_, kernel_ = _pick(x, dim, backend, kernel, log)
+        plan = cache.put(key, SoftmaxPlan(x, dim_, backend_, kernel_, log))
     return plan
 
 
@@ -346,9 +357,9 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
             plan = _plan_for(x, dim, backend, kernel)
         if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
             return plan.forward(x)
-        return _Softmax.apply(x, dim, plan.backend, kernel)
+        return _Softmax.apply(x, dim, plan.backend, plan.kernel)
     # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.
-    dim, backend = _resolve(x, dim, backend, kernel)
+    dim, backend, kernel = _pick(x, dim, backend, kernel)
     if backend == NATIVE:
         return torch.softmax(x, dim)
     if x.dim() == 0:  # the softmax of one element, through the 1-element row
@@ -379,9 +390,9 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
             plan = _plan_for(x, dim, backend, kernel, True)
         if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
             return plan.forward(x)
-        return _Softmax.apply(x, dim, plan.backend, kernel, True)
+        return _Softmax.apply(x, dim, plan.backend, plan.kernel, True)
     # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.
-    dim, backend = _resolve(x, dim, backend, kernel, True)
+    dim, backend, kernel = _pick(x, dim, backend, kernel, True)
     if backend == NATIVE:
         return torch.log_softmax(x, dim)
     if x.dim() == 0:  # the log-softmax of one element, through the 1-element row
