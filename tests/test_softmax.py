@@ -666,7 +666,12 @@ def test_default_backend_one_row_past_2_31(log, dtype, seed):
 
     # The backward of the y the forward saved (its rounding is the backward's input): softmax
     # dx = y·(dy − Σ y·dy), log-softmax dx = dy − e^y·Σ dy.
-    dy = torch.full((n,), 0.5, dtype=dtype, device="cuda")
+    # Log-softmax's dx = dy − e^y·Σ dy: with dy = 0.5 on 2^31 columns, Σ dy ≈ 1e9 and the peaks'
+    # dx (≈ −e^y·1e9) overflow float16, where the float64 answer is finite (the H100 run of
+    # 2026-11-24: inf at every peak). A background of 2^-20 keeps Σ dy ≈ 2^11 and every dx in
+    # range; softmax keeps 0.5 (its Σ y·dy is a weighted mean, ≤ 1).
+    dy_bg = 2.0 ** -20 if log else 0.5
+    dy = torch.full((n,), dy_bg, dtype=dtype, device="cuda")
     d_peaks = (torch.rand(len(peaks), generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
     dy[pk] = d_peaks.cuda()
     yd = y.detach().view(n)
@@ -676,11 +681,11 @@ def test_default_backend_one_row_past_2_31(log, dtype, seed):
     bg_col = next(c for c in range(2**30, 2**30 + 64) if c not in set(peaks.tolist()))  # a zero's column
     ybg, ypk, dpk = yd[bg_col].double().item(), yd[pk].double(), d_peaks.double().cuda()
     if log:  # e^y·|dot| is what cancels against dy
-        want_bg, want_pk = 0.5 - math.exp(ybg) * dot, dpk - torch.exp(ypk) * dot
-        size_bg, size_pk = 0.5 + math.exp(ybg) * abs(dot), dpk.abs() + torch.exp(ypk) * abs(dot)
+        want_bg, want_pk = dy_bg - math.exp(ybg) * dot, dpk - torch.exp(ypk) * dot
+        size_bg, size_pk = dy_bg + math.exp(ybg) * abs(dot), dpk.abs() + torch.exp(ypk) * abs(dot)
     else:
-        want_bg, want_pk = ybg * (0.5 - dot), ypk * (dpk - dot)
-        size_bg, size_pk = abs(ybg) * (0.5 + abs(dot)), ypk.abs() * (dpk.abs() + abs(dot))
+        want_bg, want_pk = ybg * (dy_bg - dot), ypk * (dpk - dot)
+        size_bg, size_pk = abs(ybg) * (dy_bg + abs(dot)), ypk.abs() * (dpk.abs() + abs(dot))
     _assert_close_chunked(dx.view(n), want_bg, pk, want_pk, 8 * eps * size_bg + sub,
                           8 * eps * size_pk + sub, f"{what} backward")
 
