@@ -104,6 +104,39 @@ def _us_per_call(fn, calls: int, device) -> float:
     return best
 
 
+def _primitives(device: torch.device) -> dict:
+    """The pieces of one call, each timed alone (µs per call, perf_counter over back-to-back calls,
+    few enough that the GPU's launch queue never fills): the output allocation, a data_ptr()
+    read, and the compiled softmax kernel of a plan launched through Triton's C launcher with
+    tensor arguments (the launcher calls data_ptr() and cuPointerGetAttribute per pointer) and
+    with their addresses (ints: what triton/launch.py passes)."""
+    from tiled_attn import softmax as softmax_mod
+    x = torch.randn(4, 128, device=device, dtype=torch.bfloat16)
+    ta.softmax(x)
+    ta.softmax(x)
+    plan = next(p for p in softmax_mod._PLANS.values() if p.run is not None)
+    bound = plan.run
+    ready, grid, index = bound.launch.ready, bound.launch.grid, device.index
+    out = torch.empty_like(x)
+    stream = _plan.current_stream(index)
+    head = (grid[0], grid[1], grid[2], stream, ready[1], ready[3], ready[4], None, None, ready[2], None, None, None)
+    xp, op = x.data_ptr(), out.data_ptr()
+    args = bound._args
+    cases = {
+        "torch.empty_strided (4x128 bf16)": lambda: torch.empty_strided((4, 128), (128, 1), dtype=torch.bfloat16,
+                                                                         device=device),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "x.new_empty(shape)": lambda: x.new_empty((4, 128)),
+        "tensor.data_ptr()": x.data_ptr,
+        "launcher, 2 tensor args": lambda: ready[0](*head, x, out, *args),
+        "launcher, 2 int args": lambda: ready[0](*head, xp, op, *args),
+        "Bound(x, out) (ints)": lambda: bound(x, out),
+        "torch.softmax (4x128 bf16)": lambda: torch.softmax(x, -1),
+        "ta.softmax (4x128 bf16)": lambda: ta.softmax(x),
+    }
+    return {name: _us_per_call(fn, 500, device) for name, fn in cases.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -114,7 +147,9 @@ def main(argv=None) -> int:
         print("profile_host.py needs a CUDA device")
         return 2
     device = torch.device("cuda")
-    report = []
+    report = ["==== primitives (us per call) ===="]
+    report += [f"{name:34s} {us:8.2f} us/call" for name, us in _primitives(device).items()]
+    report.append("")
     for name, fn in _cases(device).items():
         try:
             us = _us_per_call(fn, args.calls, device)
@@ -138,7 +173,7 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_host.txt").write_text(text)
     print(text)
-    print("==== host us per call ====")
+    print("==== host us per call (the first lines: primitives) ====")
     print("\n".join(line for line in report if "us/call" in line or "unavailable" in line))
     return 0
 

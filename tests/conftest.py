@@ -91,13 +91,24 @@ def kernel_calls(monkeypatch):
     """The backend of every call that ran one of our attention plans, in order ("native" is
     backend=None's torch SDPA on the CPU); a call routed to torch's own SDPA is not one."""
     from tiled_attn.attention import AttentionPlan
-    calls, forward = [], AttentionPlan.forward
+    calls, forward, infer = [], AttentionPlan.forward, AttentionPlan.infer
+    inside = []  # infer may run forward: one call, counted once
 
     def counting(self, q, k, v, *extras):
-        calls.append(self.backend)
+        if not inside:
+            calls.append(self.backend)
         return forward(self, q, k, v, *extras)
 
+    def counting_infer(self, q, k, v):
+        calls.append(self.backend)
+        inside.append(True)
+        try:
+            return infer(self, q, k, v)
+        finally:
+            inside.pop()
+
     monkeypatch.setattr(AttentionPlan, "forward", counting)
+    monkeypatch.setattr(AttentionPlan, "infer", counting_infer)
     return calls
 
 

@@ -205,6 +205,15 @@ def assert_rule(ours: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, 
 
 
 # -- offline sm_90a builds (CPU CI: what only the compiler rejects, and register spills) -----------
+def with_constexpr_defaults(kernel, const: dict) -> dict:
+    """`const` plus the defaults of the kernel's constexpr parameters it leaves out: an offline
+    build must see those as constexprs, as a launch does, not as runtime arguments."""
+    import inspect
+    defaults = {p.name: p.default for p in kernel.params
+                if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    return {**defaults, **const}
+
+
 def sm90a_build_problem(label: str, kernel, signature: dict, consts: dict, attrs: dict, options: dict) -> str:
     """Compile one @triton.jit kernel for sm_90a (no GPU needed) and run Triton's ptxas -v on it:
     "" when it builds with no register spills and at most 227 KB of shared memory (the sm90 opt-in

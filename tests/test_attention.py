@@ -33,7 +33,8 @@ import tiled_attn as ta
 from tiled_attn import _plan
 from tiled_attn import _checks, configs, reference
 from helpers import (DTYPES, HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule,
-                     backend_available, device_for, max_err, randn, skip_reason, sm90a_build_problem)
+                     backend_available, device_for, max_err, randn, skip_reason, sm90a_build_problem,
+                     with_constexpr_defaults)
 
 # The module (tiled_attn.attention the attribute is the function ta.attention).
 attention_mod = importlib.import_module("tiled_attn.attention")
@@ -656,7 +657,7 @@ def _compile_attention_for_sm90a(which: str = "shipped", jobs: int = 2) -> list[
 
 def _compile_one(which: str, index: int) -> str:
     label, kern, dt, const, opts = _sm90_attention_builds(which)[index]
-    signature, attrs, consts = {}, {}, dict(const)
+    signature, attrs, consts = {}, {}, with_constexpr_defaults(kern, const)
     for i, name in enumerate(kern.arg_names):
         if name in consts:
             signature[name] = "constexpr"

@@ -485,8 +485,8 @@ def _kv_buffers(kernel, const: dict, opts: dict) -> tuple[int, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from helpers import sm90a_build_problem
-    signature, attrs, consts = {}, {}, dict(const)
+    from helpers import sm90a_build_problem, with_constexpr_defaults
+    signature, attrs, consts = {}, {}, with_constexpr_defaults(kernel, const)
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
             signature[name] = "constexpr"

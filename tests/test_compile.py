@@ -107,6 +107,32 @@ def test_dynamo_keeps_ops_whole_no_graph_break(seed):
     assert targets.count(OPS.softmax.default) == 1
 
 
+def test_eager_only_calls_break_the_graph_and_run_eagerly(seed):
+    """Calls with a window, varlen or a KV cache are _plan.eager_only: torch.compile breaks the
+    graph around them (fullgraph raises) and runs them eagerly (not traced: their host value
+    checks and plan lookups), with the eager results; an eager call takes the function directly."""
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((1, 2, 9, 16), torch.float32, DEVICE, gen)
+    k, v = (randn((1, 2, 9, 16), torch.float32, DEVICE, gen) for _ in range(2))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
+    cache = randn((1, 12, 2, 16), torch.float32, DEVICE, gen)
+    lens = torch.tensor([9], dtype=torch.int32, device=DEVICE)
+
+    def f(q, k, v):
+        w = ta.attention(q, k, v, causal=True, window=(3, 0), backend=OP_BACKEND)
+        p = ta.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5,
+                                causal=True, backend=OP_BACKEND)
+        c = ta.attention_kvcache(q[:, :, -1:], cache, cache, lens, causal=True, backend=OP_BACKEND)
+        return w * 2, p + 1, c
+
+    eager = f(q, k, v)
+    for got, want in zip(torch.compile(f, backend="eager")(q, k, v), eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="(?i)graph break|disable|skip"):
+        torch.compile(f, backend="eager", fullgraph=True)(q, k, v)
+
+
 def test_inductor_matches_eager(seed):
     x = randn((2, 13, 64), DTYPE, DEVICE, torch.Generator().manual_seed(seed))
     _compiled_vs_eager(_block(seed), x, seed, "inductor, TinyBlock")

@@ -164,6 +164,37 @@ def test_attention_plan_reuse_and_variations(made, seed):
         assert len(made) == n + 1, kw
 
 
+@pytest.mark.parametrize("nq,nk,splits", [(37, 50, None), (1, 300, 1), (2, 300, 3)])
+def test_attention_inference_plans_out_alone(nq, nk, splits, monkeypatch, seed):
+    """A call that asks for no lse and records no gradient (ta.attention, the SDPA drop-in) runs
+    launches that write `out` alone (STORE_LSE=False: one allocation, no lse stores); a call with
+    return_lse runs the other launches of the same plan. Each is planned at its first use, and
+    both give the same output bit for bit (forward kernel; decode kernel without and with splits)."""
+    dev = _triton_device()
+    if splits is not None:  # force the decode kernel's split count on these small shapes
+        from tiled_attn.triton import attention as triton_attention
+        real = triton_attention.plan_forward
+        monkeypatch.setattr(triton_attention, "plan_forward",
+                            lambda *a, **kw: real(*a, **{**kw, "kernel": "decode", "num_splits": splits}))
+    gen = torch.Generator().manual_seed(seed)
+    q = randn((2, 4, nq, 32), torch.float16, dev, gen)
+    k, v = (randn((2, 2, nk, 32), torch.float16, dev, gen) for _ in range(2))
+    out = ta.attention(q, k, v, causal=True, backend="triton")
+    plan, = ATTN._PLANS.values()
+    assert plan.run_out is not None and plan.run is None
+    out2, lse = ta.attention(q, k, v, causal=True, backend="triton", return_lse=True)
+    plan2 = [p for p in ATTN._PLANS.values() if p is not plan]
+    assert len(plan2) == 1 and plan2[0].run is not None and plan2[0].run_out is None
+    torch.testing.assert_close(out, out2, rtol=0, atol=0)
+    # The lse launches still write lse (checked against the reference's).
+    _, lse_ref = reference.blockwise_attention(q.double(), k.double(), v.double(), causal=True,
+                                               causal_offset=nk - nq, return_lse=True)
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-5)
+    ref = reference.blockwise_attention(q.double(), k.double(), v.double(), causal=True, causal_offset=nk - nq)
+    torch_out = reference.blockwise_attention(q, k, v, causal=True, causal_offset=nk - nq)
+    assert_rule(out, ref, torch_out, dtype=q.dtype, seed=seed)
+
+
 @pytest.mark.parametrize("bad,error", [
     (dict(causal=1), r"causal must be a bool, got int"),
     (dict(scale=True), r"scale must be None or a float, got bool"),

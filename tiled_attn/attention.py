@@ -28,6 +28,7 @@ lse asked for, and every query row sees at least one key; else the pure-PyTorch 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -85,7 +86,7 @@ class AttentionPlan:
     """A validated signature's forward: the backend, the outputs' layout and the launches."""
 
     __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
-                 "causal", "offset", "empty", "run", "native_kw", "mods")
+                 "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods")
 
     def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str,
                  mods: Mods | None = None):
@@ -96,7 +97,10 @@ class AttentionPlan:
         self.lse_size, self.lse_stride = lse.shape, lse.stride()
         # Nothing to compute: no query rows, or no keys (every row empty: output 0, lse -inf).
         self.empty = "rows" if q.numel() == 0 else "keys" if k.shape[2] == 0 else None
-        self.run, self.native_kw = None, None
+        # The backend's launches: `run` writes out and lse (forward), `run_out` out alone (infer).
+        # Each is planned at its first use: a decode loop makes a plan per step (the key length
+        # grows) and uses one of the two.
+        self.run, self.run_out, self.native_kw, self.planner = None, None, None, None
         if self.empty is not None:
             return
         if backend == NATIVE:
@@ -105,10 +109,12 @@ class AttentionPlan:
             self.run = self._run_reference
         elif backend == "triton":
             from .triton import attention as triton_attention
-            self.run = triton_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset, mods=mods)
+            self.planner = functools.partial(triton_attention.plan_forward, scale=scale, causal=causal,
+                                             causal_offset=causal_offset, mods=mods)
         elif backend == "cuda":
             from .cuda import attention as cuda_attention
-            self.run = cuda_attention.plan_forward(q, k, v, out, lse, scale, causal, causal_offset)
+            self.planner = functools.partial(cuda_attention.plan_forward, scale=scale, causal=causal,
+                                             causal_offset=causal_offset)
         else:
             raise AssertionError(backend)
 
@@ -128,12 +134,32 @@ class AttentionPlan:
         if _checks.POISON_OUTPUTS:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
-        if self.run is not None:
-            self.run(q, k, v, out, lse, *extras)
+        run = self.run
+        if run is None and self.planner is not None:
+            run = self.run = self.planner(q, k, v, out, lse)
+        if run is not None:
+            run(q, k, v, out, lse, *extras)
         elif self.empty == "keys":
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
+
+    def infer(self, q, k, v):
+        """out alone, for a call that asked for no lse and records no gradient. The Triton kernels
+        then write no lse, so the call allocates one tensor, not two (an eager inference call's
+        host time is mostly such steps: DESIGN §3); other backends and plans with mods run
+        forward."""
+        run = self.run_out
+        if run is None:
+            if self.backend != "triton" or self.mods is not None or self.planner is None:
+                return self.forward(q, k, v)[0]
+        out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        if _checks.POISON_OUTPUTS:
+            out.fill_(float("nan"))
+        if run is None:
+            run = self.run_out = self.planner(q, k, v, out, out, store_lse=False)
+        run(q, k, v, out, out)
+        return out
 
 
 def _native_kwargs(q, k, scale: float, causal: bool, causal_offset: int) -> dict:
@@ -458,6 +484,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if _plain(q, k, v):
         plan = _plan_for(q, k, v, scale, causal, offset, return_lse, backend)
         if plan.native_kw is not None or not _grad_needed(q, k, v):
+            if not return_lse:
+                return plan.infer(q, k, v)
             out, lse = plan.forward(q, k, v)
         else:
             out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend, return_lse,
@@ -467,7 +495,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return (out, lse) if return_lse else out
 
 
-@torch.compiler.disable
+@_plan.eager_only
 def _attention_mods(q, k, v, scale, causal, offset: int, need_lse: bool, backend, deterministic: bool,
                     mods: Mods, extras: tuple):
     """ta.attention / masked_attention with a window, softcap, ALiBi or a key mask: the plan of
@@ -605,7 +633,7 @@ class _SdpaPlan:
         if self.grad and plan.native_kw is None:
             out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan.backend, False, False)[0]
         else:
-            out = plan.forward(query, key, value)[0]
+            out = plan.infer(query, key, value)
         return out if self.shape4 is None else out.reshape(self.out_shape)
 
 

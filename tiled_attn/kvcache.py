@@ -213,7 +213,7 @@ def _signature(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, ca
             None if alibi_slopes is None else _tensor_sig(alibi_slopes), backend)
 
 
-@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
+@_plan.eager_only  # host value checks and plan lookups: eager (a graph break)
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, block_table=None,
                       causal: bool = False, scale: float | None = None, window=None, softcap=None,
                       alibi_slopes=None, return_lse: bool = False, backend: str | None = None):

@@ -118,7 +118,7 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
 _SIGNATURES = _plan.PlanCache("attention varlen")
 
 
-@torch.compiler.disable  # host value checks and plan lookups: eager (a graph break)
+@_plan.eager_only  # host value checks and plan lookups: eager (a graph break)
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window=None, softcap=None,
                      alibi_slopes=None, return_lse: bool = False, deterministic: bool = False,

@@ -210,12 +210,16 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 
 
 def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, *,
-                 kernel: str | None = None, num_splits: int | None = None, mods=None):
+                 kernel: str | None = None, num_splits: int | None = None, mods=None, store_lse: bool = True):
     """run(q, k, v, out, lse): the launches of attention of q over k, v into out (B, Hq, Nq, D) and
     lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc).
     With `mods` (tiled_attn.attention.Mods: a window, softcap, ALiBi, a key mask, packed sequences,
-    a KV cache) the plan is plan_forward_ext's and run takes the extra tensors too."""
+    a KV cache) the plan is plan_forward_ext's and run takes the extra tensors too.
+    `store_lse=False` (dense only): the kernels write no lse, and run's `lse` may be any tensor of
+    the call (an inference call's plan then allocates one output, not two)."""
     if mods is not None:
+        if not store_lse:
+            raise AssertionError("store_lse=False is planned for dense calls only")
         return plan_forward_ext(q, k, v, out, lse, scale, causal, causal_offset, mods, kernel=kernel,
                                 num_splits=num_splits)
     interpret = q.device.type != "cuda" or interpreted(attention_fwd_kernel)
@@ -231,7 +235,7 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
     v_desc = (list(v.shape), list(sv), block)
 
     def launches(addr: str) -> dict:
-        meta = dict(const, WIDE=wide, ADDR=addr)
+        meta = dict(const, WIDE=wide, ADDR=addr, STORE_LSE=store_lse)
         # The arguments whose 16-byte alignment can change from call to call: q, and k and v unless
         # they are descriptors (made only from aligned bases). out, lse and the workspace come from
         # torch's allocator, which aligns every block to far more than 16 bytes.
@@ -241,7 +245,8 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
         split = lp["splits"] > 1
         found = {"decode": Launch(attention_decode_kernel, lp["grid"], dict(meta, SPLIT=split), device, user)}
         if split:
-            found["merge"] = Launch(attention_merge_kernel, lp["merge_grid"], lp["merge_const"], device, ())
+            found["merge"] = Launch(attention_merge_kernel, lp["merge_grid"], dict(lp["merge_const"], STORE_LSE=store_lse),
+                                    device, ())
         return found
 
     plain = launches(lp["addr"])

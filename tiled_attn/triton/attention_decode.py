@@ -39,11 +39,11 @@ def decode_program(
         PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr):
     """One (batch, kv head, row tile, key split). SEQ_K: batch b has SeqK[b] keys (n_k is the
     capacity), aligned bottom-right (offset + SeqK[b] − Nq); PAGED, the window, SOFTCAP, ALIBI and
     KEY_MASK as in attention_fwd.fwd_program (here a tile's rows belong to several heads, so the
-    ALiBi slope is per row)."""
+    ALiBi slope is per row); STORE_LSE = False: no lse is written (fwd_program)."""
     # Splits of one (batch, kv head, row tile) are adjacent programs: they run together and each
     # reads a disjoint slice of the same K/V.
     pid = tl.program_id(0)
@@ -115,7 +115,8 @@ def decode_program(
         o_ptrs = Out + o_rows[:, None] + dv[None, :] * stride_od
         out = to_output(online.attention_out(acc, l, ACCURATE), Out.dtype.element_ty, UPCAST)
         tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
-        tl.store(Lse + flat, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
+        if STORE_LSE:
+            tl.store(Lse + flat, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles", "n_splits", "split_len", "n_rows"])
@@ -129,7 +130,8 @@ def attention_decode_kernel(
         CAUSAL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
-        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
+        LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
+        STORE_LSE: tl.constexpr = True):
     """Dense split-KV decode (causal at most): the fewest launch arguments (see attention_fwd_kernel)."""
     decode_program(Q, K, V, Out, Lse, Part, Lse, Lse, Lse, Lse,
                    stride_qb, stride_qh, stride_qm, stride_qd,
@@ -140,7 +142,7 @@ def attention_decode_kernel(
                    n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0,
                    m_tiles, n_splits, split_len, n_rows,
                    False, CAUSAL, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST,
-                   WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, 1)
+                   WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, 1, STORE_LSE)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_splits", "split_len",
@@ -171,7 +173,7 @@ def attention_decode_ext_kernel(
                    m_tiles, n_splits, split_len, n_rows,
                    HAS_LEFT, HAS_RIGHT, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION,
                    UPCAST, WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK,
-                   SEQ_K, PAGED, PAGE)
+                   SEQ_K, PAGED, PAGE, True)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])
@@ -180,7 +182,7 @@ def attention_merge_kernel(
         stride_ob, stride_oh, stride_om, stride_od,
         n_rows, n_heads, n_q, n_splits, qk_scale,
         BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
-        RAW: tl.constexpr, ACCURATE: tl.constexpr):
+        RAW: tl.constexpr, ACCURATE: tl.constexpr, STORE_LSE: tl.constexpr = True):
     """Merge the S partial states of one row (flat (B, Hq, Nq) index) and finalize it. All of a
     row's partials are one contiguous [S, D] block: loaded as [BLOCK_S, BLOCK_D] tiles (one tile
     unless S > BLOCK_S), merged with online.merge_parts."""
@@ -210,5 +212,6 @@ def attention_merge_kernel(
     o_base = Out + (bh // n_heads) * stride_ob + (bh % n_heads) * stride_oh + i * stride_om
     out = to_output(online.attention_out(acc, l, ACCURATE), Out.dtype.element_ty, UPCAST)
     tl.store(o_base + offs_d[None, :] * stride_od, out, mask=d_ok[None, :])
-    lse = online.lse(m, l, scale, ACCURATE)
-    tl.store(Lse + flat + tl.arange(0, 1), lse)
+    if STORE_LSE:
+        lse = online.lse(m, l, scale, ACCURATE)
+        tl.store(Lse + flat + tl.arange(0, 1), lse)

@@ -330,7 +330,7 @@ def fwd_program(
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
         LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr):
     """One (batch, head, query tile) of the forward. Dense calls (attention_fwd_kernel) switch
     every extension off; attention_fwd_ext_kernel turns them on by constexpr:
     * VARLEN: batch b is sequence b of a packed layout: its queries are rows CuQ[b]..CuQ[b+1] and
@@ -340,7 +340,9 @@ def fwd_program(
     * VARLEN or SEQ_K: the alignment is bottom-right per sequence (offset + its Nk − Nq).
     * PAGED: keys through BlockTable (kv_loop), K/V are (pages, page_size, Hkv, D).
     * window (HAS_LEFT/HAS_RIGHT), SOFTCAP, ALIBI (Slopes (B, Hq) with batch stride stride_sb,
-      0 for (Hq,)), KEY_MASK (KeyMask (B, Nk) strides stride_mb, stride_mn): masks.py."""
+      0 for (Hq,)), KEY_MASK (KeyMask (B, Nk) strides stride_mb, stride_mn): masks.py.
+    * STORE_LSE = False: only Out is written (an inference call that asked for no lse: the plan
+      then allocates none, and Lse is any pointer, never written)."""
     # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
     # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
     # short tiles fill the tail of the schedule.
@@ -416,12 +418,13 @@ def fwd_program(
         tl.store(o_ptrs, out, mask=row_ok[:, None])
     else:
         tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
-    if VARLEN:  # (Hq, total_q), flash-attn's varlen layout
-        lse_row0 = h * n_q + q_row0
-    else:       # (B, Hq, Nq)
-        lse_row0 = bh.to(tl.int64) * n_q + m0
-    lse_ptrs = Lse + lse_row0 + tl.arange(0, BLOCK_M)
-    tl.store(lse_ptrs, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
+    if STORE_LSE:
+        if VARLEN:  # (Hq, total_q), flash-attn's varlen layout
+            lse_row0 = h * n_q + q_row0
+        else:       # (B, Hq, Nq)
+            lse_row0 = bh.to(tl.int64) * n_q + m0
+        lse_ptrs = Lse + lse_row0 + tl.arange(0, BLOCK_M)
+        tl.store(lse_ptrs, online.lse(m, l, finish_scale(qk_scale, RAW), ACCURATE), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles"])
@@ -435,7 +438,7 @@ def attention_fwd_kernel(
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
         WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr,
-        SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr):
+        SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr, STORE_LSE: tl.constexpr = True):
     """Dense attention (no window but causal, no score modification): the fewest launch arguments,
     so the host's launch cost of the common call stays what it was (tiled_attn/triton/launch.py)."""
     fwd_program(Q, K, V, Out, Lse, Lse, Lse, Lse, Lse, Lse, Lse,
@@ -446,7 +449,7 @@ def attention_fwd_kernel(
                 0, 0, 0, 0, 1,
                 n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0, m_tiles,
                 False, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE, RAW,
-                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False, 1)
+                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False, 1, STORE_LSE)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_pages"])
@@ -474,4 +477,5 @@ def attention_fwd_ext_kernel(
                 stride_sb, stride_mb, stride_mn, stride_tb, n_pages,
                 n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE,
-                RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED, PAGE)
+                RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED, PAGE,
+                True)

@@ -15,6 +15,13 @@ which only allocates Triton's global/profile scratch buffers: none of our kernel
 at the first launch). Not on that path: Triton's launch hooks (knobs.runtime.launch_enter_hook, used
 by proton) see only the first launch of each specialization; the interpreter (TRITON_INTERPRET=1)
 always goes through `kernel[grid]`.
+
+Tensors reach the launcher as their device addresses (ints). Given a tensor, Triton's C launcher
+calls its `data_ptr()` method and then asks the driver whether the address is device memory
+(cuPointerGetAttribute, a driver call per pointer argument per launch); given an int it takes the
+address as it is. The alignment check already read every address, and a plan's validation checked
+that every tensor is on the plan's CUDA device (DESIGN §5), so the driver's check would only repeat
+it.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from .._plan import current_stream as _raw_stream
 __all__ = ["Launch"]
 
 _ALIGN = 16  # Triton specializes pointer arguments on 16-byte alignment
+_data_ptr = torch.Tensor.data_ptr
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +96,7 @@ class Launch:
     (default: every tensor); tensors the plan allocates itself are always aligned."""
 
     __slots__ = ("fn", "grid", "meta", "device", "_runtime", "_tail", "_compiled", "_checked",
-                 "_interpret", "_meta_key", "ready")
+                 "_tensors", "_interpret", "_meta_key", "ready")
 
     def __init__(self, fn, grid: tuple, meta: dict, device: torch.device, checked: tuple | None = None):
         self.fn, self.meta, self.device = fn, meta, device
@@ -96,6 +104,7 @@ class Launch:
         self._interpret = interpreted(fn)
         self._compiled: dict = {}
         self._checked = checked
+        self._tensors: tuple | None = None  # positions of the tensor arguments (first call)
         # The handles of the all-aligned specialization once compiled (Bound's fast path).
         self.ready: tuple | None = None
         self._runtime, self._tail = self._constexpr_tail(fn, meta)
@@ -121,9 +130,12 @@ class Launch:
         if self._interpret:
             self.fn[self.grid](*args, **self.meta)
             return
+        tensors = self._tensors
+        if tensors is None:
+            tensors = self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            if self._checked is None:
+                self._checked = tensors
         checked = self._checked
-        if checked is None:
-            checked = self._checked = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         bits = 0
         for i in checked:
             bits |= args[i].data_ptr()
@@ -135,8 +147,11 @@ class Launch:
             return
         launch, function, packed, coop, pdl = compiled
         g = self.grid
+        flat = list(args)
+        for i in tensors:  # addresses, not tensors: see the module doc
+            flat[i] = flat[i].data_ptr()
         launch(g[0], g[1], g[2], _raw_stream(index), function, coop, pdl, None, None, packed, None, None,
-               None, *args, *self._tail)
+               None, *flat, *self._tail)
 
     def _slow(self, key, args) -> None:
         """The first launch of a specialization (JIT dispatch), or a launch from another current
@@ -196,12 +211,13 @@ class Bound:
         ready = launch.ready
         index = launch.device.index
         if ready is not None and _current_device() == index:
+            ptrs = tuple(map(_data_ptr, tensors))
             bits = 0
-            for t in tensors:
-                bits |= t.data_ptr()
+            for p in ptrs:
+                bits |= p
             if bits % _ALIGN == 0:
                 g = launch.grid
                 ready[0](g[0], g[1], g[2], _raw_stream(index), ready[1], ready[3], ready[4], None, None,
-                         ready[2], None, None, None, *tensors, *self._args)
+                         ready[2], None, None, None, *ptrs, *self._args)
                 return
         launch(*tensors, *self.ints)
