@@ -110,7 +110,7 @@ def _primitives(device: torch.device) -> dict:
     read, and the compiled softmax kernel of a plan launched through Triton's C launcher with
     tensor arguments (the launcher calls data_ptr() and cuPointerGetAttribute per pointer) and
     with their addresses (ints: what triton/launch.py passes)."""
-    from tiled_attn import softmax as softmax_mod
+    softmax_mod = sys.modules["tiled_attn.softmax"]  # the package's `softmax` is the function
     x = torch.randn(4, 128, device=device, dtype=torch.bfloat16)
     ta.softmax(x)
     ta.softmax(x)

@@ -945,3 +945,34 @@ def test_triton_kernels_compile_for_sm90a():
     if HAS_CUDA:
         pytest.skip("the GPU run compiles and runs every kernel itself")
     assert_none_without_interpreter("test_softmax", "_compile_for_sm90a()", 900)
+
+
+def test_rows_view_rule_matches_torch_view():
+    """softmax._rows_are_a_view reads off sizes and strides whether the rows flatten into an
+    (M, N) view (it must not try the view: under torch.compile a failed view of a fake tensor
+    aborts the trace, as the H100/H200 compile tests of backend=None showed on 2026-11-26): it
+    agrees with view() itself on permuted, sliced, expanded and size-1/size-0 layouts."""
+    import sys
+    softmax_mod = sys.modules["tiled_attn.softmax"]
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5)
+    layouts = [base, base.permute(0, 2, 1, 3), base.transpose(-1, -2), base[:, :, ::2], base[:, 1:2],
+               base[:1], base[..., :0], base.permute(3, 1, 0, 2), base[:, :, :1].expand(2, 3, 4, 5),
+               torch.empty(3, 1, 7)[:, :, :5], torch.empty(6, 8).t()[:, :5], torch.empty(1, 1, 1)]
+    for x in layouts:
+        for dim in range(x.dim()):
+            moved = x.movedim(dim, -1)
+            n = moved.shape[-1]
+            try:
+                moved.view(moved.numel() // n if n else 0, n)
+                viewable = True
+            except RuntimeError:
+                viewable = False
+            assert softmax_mod._rows_are_a_view(x, dim) == viewable, (tuple(x.shape), x.stride(), dim)
+    # Traced by torch.compile (fake tensors), a layout that is not a view: a plain False.
+    x = base.permute(0, 2, 1, 3)
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(lambda t: softmax_mod._rows_are_a_view(t, 3), fullgraph=True, backend="eager")
+        assert traced(x) is False and softmax_mod._rows_are_a_view(x, 3) is False
+    finally:
+        torch._dynamo.reset()

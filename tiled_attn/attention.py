@@ -98,8 +98,10 @@ class AttentionPlan:
         # Nothing to compute: no query rows, or no keys (every row empty: output 0, lse -inf).
         self.empty = "rows" if q.numel() == 0 else "keys" if k.shape[2] == 0 else None
         # The backend's launches: `run` writes out and lse (forward), `run_out` out alone (infer).
-        # Each is planned at its first use: a decode loop makes a plan per step (the key length
-        # grows) and uses one of the two.
+        # A dense plan makes each at its first use, from that call's tensors (same shapes and
+        # strides: the signature): a decode loop makes a plan per step (the key length grows) and
+        # uses one of the two. A plan with mods is made here, from the tensors it was planned on
+        # (KV-cache calls then pass the caches in their own layout, varlen its packed views).
         self.run, self.run_out, self.native_kw, self.planner = None, None, None, None
         if self.empty is not None:
             return
@@ -111,6 +113,8 @@ class AttentionPlan:
             from .triton import attention as triton_attention
             self.planner = functools.partial(triton_attention.plan_forward, scale=scale, causal=causal,
                                              causal_offset=causal_offset, mods=mods)
+            if mods is not None:
+                self.run = self.planner(q, k, v, out, lse)
         elif backend == "cuda":
             from .cuda import attention as cuda_attention
             self.planner = functools.partial(cuda_attention.plan_forward, scale=scale, causal=causal,

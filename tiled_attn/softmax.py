@@ -83,10 +83,9 @@ def _rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     moved = x.movedim(dim, -1)
     n = moved.shape[-1]
     m = moved.numel() // n if n else 0
-    try:
+    if _rows_are_a_view(x, dim):
         return moved.view(m, n)
-    except RuntimeError:
-        return moved.reshape(m, n)  # leading dims not flattenable into one stride: one copy
+    return moved.reshape(m, n)  # leading dims not flattenable into one stride: one copy
 
 
 def _alloc_out(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -101,13 +100,20 @@ def _out_rows(out: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _rows_are_a_view(x: torch.Tensor, dim: int) -> bool:
-    """Whether _rows(x, dim) is a view, so that a kernel planned on it can read x itself."""
+    """Whether _rows(x, dim) is a view, so that a kernel planned on it can read x itself: the dims
+    other than `dim` (those of size > 1) chain into one row stride, as view() requires. Read off the
+    sizes and strides, never by trying the view: while torch.compile traces, a failed view of a
+    fake tensor aborts the trace instead of raising to the caller."""
     moved = x.movedim(dim, -1)
-    n = moved.shape[-1]
-    try:
-        moved.view(moved.numel() // n if n else 0, n)
-    except RuntimeError:
-        return False
+    if moved.numel() == 0:
+        return True
+    expected = None
+    for size, stride in zip(reversed(moved.shape[:-1]), reversed(moved.stride()[:-1])):
+        if size == 1:
+            continue
+        if expected is not None and stride != expected:
+            return False
+        expected = stride * size
     return True
 
 
