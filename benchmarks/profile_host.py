@@ -114,9 +114,10 @@ def _primitives(device: torch.device) -> dict:
     x = torch.randn(4, 128, device=device, dtype=torch.bfloat16)
     ta.softmax(x)
     ta.softmax(x)
-    plan = next(p for p in softmax_mod._PLANS.values() if p.run is not None)
+    from tiled_attn.triton.launch import Bound
+    plan = next(p for p in softmax_mod._PLANS.values() if isinstance(p.run, Bound))
     bound = plan.run
-    ready, grid, index = bound.launch.ready, bound.launch.grid, device.index
+    ready, grid, index = bound.launch.ready, bound.launch.grid, x.device.index
     out = torch.empty_like(x)
     stream = _plan.current_stream(index)
     head = (grid[0], grid[1], grid[2], stream, ready[1], ready[3], ready[4], None, None, ready[2], None, None, None)

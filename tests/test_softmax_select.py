@@ -25,7 +25,9 @@ ALL = [(b, k) for b in ("triton", "cuda") for k in (None, *sw.ta.softmax_kernels
 
 @pytest.fixture
 def table(monkeypatch):
-    """configs.SOFTMAX_SELECT replaced for one test (restored after; plans are cleared both ways)."""
+    """configs.SOFTMAX_SELECT replaced for one test (restored after; plans are cleared both ways),
+    its rows applying at every size (the tests' tables speak for small shapes too)."""
+    monkeypatch.setattr(configs, "SOFTMAX_SELECT_MIN_ELEMS", 0)
     saved = dict(configs.SOFTMAX_SELECT)
 
     def put(rows: dict):
@@ -353,3 +355,27 @@ def test_backend_none_follows_the_selection(table, monkeypatch):
     assert sm._plan_for(torch.randn(40, 3).t(), 1, None, None).kernel == "split"  # strided rows
     assert sm._plan_for(torch.randn(3, 5, 7), 1, None, None).kernel == "online"  # rows copied first
     assert sm._plan_for(x, 1, "triton", None).kernel is None                   # a pinned backend
+
+
+def test_selection_traces_as_a_constant():
+    """torch.compile(fullgraph) traces backend=None's kernel choice (on CUDA, softmax._pick calls it
+    while tracing): the extension check and device properties it reads are not traceable, so the
+    choice is a constant of the graph, the same as the eager one (5 compile tests failed on the
+    H200 before, 2026-11-26)."""
+    x = torch.randn(2, 64, 11).permute(0, 2, 1)
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(lambda t: softmax_select.for_tensor(t, 1), fullgraph=True, backend="eager")
+        assert traced(x) == softmax_select.for_tensor(x, 1)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_no_row_below_the_measured_sizes(table):
+    """Below configs.SOFTMAX_SELECT_MIN_ELEMS (the sweep's smallest M·N) the rows do not apply: the
+    old choice stands (host-bound calls, where Triton's launch is the cheaper)."""
+    table({("sm90", "fp32", "contig", "all"): ((1024, 1, "cuda", "warp_row"),)})
+    configs.SOFTMAX_SELECT_MIN_ELEMS = 1 << 20  # the fixture's monkeypatch restores it
+    sel = softmax_select.select
+    assert sel(1023, 1024, torch.float32, True, "sm90", True) == softmax_select.today(True)
+    assert sel(1024, 1024, torch.float32, True, "sm90", True) == ("cuda", "warp_row")

@@ -442,6 +442,11 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # the choice made before this table (DEFAULT_BACKEND, then that backend's own kernel rule).
 # Written by `python benchmarks/sweep_softmax_random.py --apply SWEEP_JSON` from eager timings of
 # every kernel over issue 16's random shapes (the figures are in benchmarks/results/).
+# The sweep's shapes hold M·N >= 2^20 elements (issue 16): below SOFTMAX_SELECT_MIN_ELEMS the rows
+# speak for no measured size and the old choice stands. There a call is host-bound, and the Triton
+# launch costs the host less than the CUDA extension's binding (H200, 2026-11-26, 4x128 fp32: 14.1
+# vs 15.4 µs a call; the table's row for it had picked the extension).
+SOFTMAX_SELECT_MIN_ELEMS = 1 << 20
 SOFTMAX_SELECT: dict = _Table({
     # ---- sweep_softmax_random.py --apply (begin): 2026-11-24, NVIDIA H100 80GB HBM3, copy 2971 GB/s.
     # 64 shapes x fp32,bf16,fp16, eager; each row: its shapes' time vs the fastest kernel's, and vs torch.softmax.

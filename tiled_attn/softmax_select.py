@@ -87,6 +87,8 @@ def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
     (`contiguous`), the CUDA extension usable or not (`cuda_ok`). Deterministic; reads only
     configs.SOFTMAX_SELECT and the kernel limits above."""
     dt = _dtype_key(dtype)
+    if m * n < configs.SOFTMAX_SELECT_MIN_ELEMS:
+        return today(cuda_ok, log)  # smaller than any measured shape (configs.py)
     pools = ("all", "triton") if cuda_ok and not log else ("triton",)
     for pool in pools:
         rows = configs.SOFTMAX_SELECT.get((arch, dt, layout_key(contiguous), pool))
@@ -108,9 +110,19 @@ def for_tensor(x: torch.Tensor, dim: int, log: bool = False,
     """select() for ta.softmax(x, dim) with backend=None on a CUDA device (called when a plan is
     made). `contiguous`: whether the kernel reads rows with unit column stride (default: x's stride
     along dim is 1; the dispatcher passes True where it copies the rows into order first)."""
-    from . import cuda
     n = x.shape[dim]
     m = x.numel() // n if n else 0
     if contiguous is None:
         contiguous = x.stride(dim) == 1 or n <= 1
-    return select(m, n, x.dtype, contiguous, configs.arch(x.device), cuda.is_available(), log)
+    return _select_static(m, n, x.dtype, contiguous, x.device, log)
+
+
+@torch._dynamo.assume_constant_result
+def _select_static(m: int, n: int, dtype: torch.dtype, contiguous: bool, device: torch.device,
+                   log: bool) -> tuple[str, str | None]:
+    """select() with the device's arch and whether the CUDA extension is available. Those read
+    device properties and the extension's build files, which torch.compile cannot trace: a call
+    it traces (static shapes only: tiled_attn/softmax.py _pick) runs this once, eagerly, and keeps
+    the result as a constant of the graph, so compiled and eager calls pick the same kernel."""
+    from . import cuda
+    return select(m, n, dtype, contiguous, configs.arch(device), cuda.is_available(), log)
