@@ -71,11 +71,13 @@ and the others waiting in the ring forever. (_SIGNATURES is left out of _plan.cl
 on one rank only would send that rank alone into the check's collective.)
 
 torch.compile. The entry is torch.compiler.disable'd: under torch.compile a call is a graph break
-and runs eagerly (its local ta.attention calls included); the code around it compiles. Dynamo cannot
-trace P2P ops (batch_isend_irecv has no functional-collective form) nor a graph break inside an
-autograd.Function, so a traced ring would fall back to eager anyway. Verified on the CPU at world
-size 1 (tests/test_distributed.py): a compiled function around the call (backend "aot_eager") gives
-the eager result and gradients, and torch._dynamo.explain counts the graph break.
+and runs eagerly (its local ta.attention calls included); the code around it compiles, and
+fullgraph=True refuses it ("Skip calling `torch.compiler.disable()`d function"). Dynamo cannot trace
+P2P ops (batch_isend_irecv has no functional-collective form) nor a graph break inside an
+autograd.Function, so a traced ring would fall back to eager anyway; the local compute on its own
+(ta.attention) is traceable. Verified on the CPU at world size 1, torch 2.13
+(tests/test_distributed.py): a compiled function around the call (backend "aot_eager") gives the
+eager result and gradients bit for bit, and fullgraph=True raises torch._dynamo.exc.Unsupported.
 
 Verified where: on the CPU with gloo at world sizes 1, 2 and 4, including a subgroup, against the
 float64 reference of the whole sequence under DESIGN §4's rule, forward and backward
