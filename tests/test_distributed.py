@@ -255,69 +255,81 @@ def spawn(world: int, spec: dict, tmp: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # the checks
 # ------------------------------------------------------------------------------------------------
-def _scores(q, k, causal):
-    s = torch.matmul(q, reference._expand_kv(k, q.shape[1]).transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:
-        s = s.masked_fill(~reference._causal_mask(q.shape[2], k.shape[2], q.device, 0), float("-inf"))
-    return s
-
-
-def _whole(c: dict, device: str, how: str):
-    """(out, lse, dq, dk, dv) of the whole sequence: `how` = "reference" (float64), "torch" (SDPA in
-    the input dtype, lse from logsumexp of its scores) or "ours" (one-process ta.attention)."""
-    dt = torch.float64 if how == "reference" else c["dtype"]
-    q, k, v = (c[x].to(device, dt).requires_grad_() for x in "qkv")
+def _float64_whole(c: dict, device: str, how: str):
+    """(out, lse, dq, dk, dv) of the whole sequence for float64 cases: `how` = "reference"
+    (reference.attention) or "torch" (SDPA, lse by torch.logsumexp of its scores)."""
+    q, k, v = (c[x].to(device).requires_grad_() for x in "qkv")
     if how == "reference":
         out, lse = reference.attention(q, k, v, causal=c["causal"], return_lse=True, causal_offset=0)
-    elif how == "torch":
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=True)
-        up = (lambda t: t) if dt == torch.float64 else (lambda t: t.float())  # lse from float32 scores
-        lse = torch.logsumexp(_scores(up(q), up(k), c["causal"]), dim=-1)
     else:
-        out, lse = ta.attention(q, k, v, causal=c["causal"], return_lse=True)
-    loss = (out * c["go"].to(device, dt)).sum()
-    if c["lse"]:
-        loss = loss + (lse * c["gl"].to(device, lse.dtype)).sum()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=True)
+        s = torch.matmul(q, reference._expand_kv(k, q.shape[1]).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        if c["causal"]:
+            s = s.masked_fill(~reference._causal_mask(s.shape[2], s.shape[3], device, 0), float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+    loss = (out * c["go"].to(device)).sum() + ((lse * c["gl"].to(device)).sum() if c["lse"] else 0)
     grads = torch.autograd.grad(loss, (q, k, v)) if c["grad"] else (None,) * 3
     return (out.detach(), lse.detach()) + tuple(grads)
 
 
-def check(c: dict, got: list[dict], world: int, device: str = "cpu") -> None:
-    """The ranks' results for case c, put back in order, under the rule on every output."""
-    names = ("out", "lse", "dq", "dk", "dv")
-    ref = _whole(c, device, "reference")
-    theirs = [_whole(c, device, "torch")]
-    if device != "cpu":
-        theirs.append(_whole(c, device, "ours"))
-    for i, name in enumerate(names):
-        if (name == "lse" and not c["lse"]) or (name[0] == "d" and not c["grad"]):
-            continue
-        ours = _unshard([g[name] for g in got], c["layout"], world)
-        t = max((x[i] for x in theirs), key=lambda x: max_err(x, ref[i]))
-        what = f"{c['name']} world={world} {name}"
-        if name == "lse":
-            _assert_lse(ours, ref[i], t, c["dtype"], c["seed"], what)
-        else:
-            assert_rule(ours, ref[i], t, dtype=c["dtype"], seed=c["seed"], what=what)
-
-
-def _assert_lse(ours, ref, t, dtype, seed, what):
-    """The rule for lse, per element, with two eps terms of max(1, |lse|) where assert_rule has one
-    eps: lse is mostly above 1, so a correctly rounded one is off by up to half an ulp of |lse|
-    (assert_rule's ulp_floor), and every merge of the ring forms lse = m + log l again, a rounding of
-    |lse| the whole sequence's logsumexp does not make (measured with reference.blockwise_attention
-    partials merged by merge_attention_outputs in float64, 30 seeds, 2 to 8 partials: at most
-    1.6·eps·max(1, |lse|), where float64's torch figure is often exactly 0)."""
+def _assert_lse64(ours, ref, t, seed, what):
+    """The rule for a float64 lse, per element, with two eps terms of max(1, |lse|) where assert_rule
+    has one eps: lse is mostly above 1, so a correctly rounded one is off by up to half an ulp of
+    |lse| (assert_rule's ulp_floor), and every merge of the ring forms lse = m + log l again, a
+    rounding of |lse| the whole sequence's logsumexp does not make (measured with
+    reference.blockwise_attention partials merged by merge_attention_outputs, 30 seeds, 2 to 8
+    partials: at most 1.6·eps·max(1, |lse|), where torch's float64 figure is often exactly 0)."""
     ours, ref = ours.double(), ref.double()
     tag = f"[{what} seed={seed}; {reproduce_hint()}]"
     assert ours.shape == ref.shape and torch.equal(ours.isinf(), ref.isinf()), f"{tag} shape or ±inf pattern"
     finite = torch.isfinite(ref)
-    allowed = 2 * max_err(t, ref) + 2 * torch.finfo(dtype).eps * ref[finite].abs().clamp(min=1.0)
+    allowed = 2 * max_err(t, ref) + 2 * torch.finfo(torch.float64).eps * ref[finite].abs().clamp(min=1.0)
     d = (ours[finite] - ref[finite]).abs().nan_to_num(nan=math.inf)
     worst = int((d - allowed).argmax()) if d.numel() else 0
     assert not d.numel() or bool((d <= allowed).all()), (
         f"{tag} error {d[worst]:.3e} at |lse| = {ref[finite][worst].abs():.3e} exceeds 2×torch's "
-        f"{max_err(t, ref):.3e} + 2·eps·max(1, |lse|) ({allowed[worst]:.3e}) for {dtype}")
+        f"{max_err(t, ref):.3e} + 2·eps·max(1, |lse|) ({allowed[worst]:.3e})")
+
+
+def _check_float64(c, ours: dict, device: str, what: str) -> None:
+    ref, theirs = _float64_whole(c, device, "reference"), _float64_whole(c, device, "torch")
+    for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+        if name not in ours:
+            continue
+        if name == "lse":
+            _assert_lse64(ours[name], ref[i], theirs[i], c["seed"], f"{what} lse")
+        else:
+            assert_rule(ours[name], ref[i], theirs[i], dtype=torch.float64, seed=c["seed"], what=f"{what} {name}")
+
+
+def _check_kernel_dtype(c, ours: dict, device: str, what: str) -> None:
+    """float32/16-bit: the checks ta.attention itself is held to (tests/test_attention.py for out
+    and lse, tests/test_attention_backward.py for the gradients), on the whole sequence."""
+    import test_attention as TA
+    import test_attention_backward as TB
+    q, k, v = (c[x].to(device) for x in "qkv")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if "lse" in ours:
+        TA._check(ours["out"].to(device), ours["lse"].to(device), q, k, v, c["causal"], 0, scale, c["seed"], what)
+    else:
+        ref = reference.attention(q.double(), k.double(), v.double(), c["causal"], scale, False, 0)
+        t = max(TA._torch_own(q, k, v, c["causal"], 0, scale)[0], key=lambda x: max_err(x, ref))
+        assert_rule(ours["out"], ref, t, dtype=c["dtype"], seed=c["seed"], what=f"{what} out")
+    if "dq" in ours:
+        gl = c["gl"].to(device) if c["lse"] else None
+        TB._check(tuple(ours[g].to(device) for g in ("dq", "dk", "dv")), q, k, v, c["go"].to(device), gl,
+                  c["causal"], scale, 0, c["seed"], what)
+
+
+def check(c: dict, got: list[dict], world: int, device: str = "cpu") -> None:
+    """The ranks' results for case c, put back in global order, under the rule."""
+    ours = {name: _unshard([g[name] for g in got], c["layout"], world)
+            for name in ("out", "lse", "dq", "dk", "dv") if got[0].get(name) is not None}
+    what = f"{c['name']} world={world}"
+    if c["dtype"] == torch.float64:
+        _check_float64(c, ours, device, what)
+    else:
+        _check_kernel_dtype(c, ours, device, what)
 
 
 @pytest.fixture(scope="module")
