@@ -520,7 +520,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         q: this rank's query shard (B, Hq, N/world, D); k, v: its key/value shard (B, Hkv, Nk/world,
            D), Hq % Hkv == 0; dtypes and head dims as ta.attention. Every rank passes the same shapes.
         group: a torch.distributed ProcessGroup, None for the default one. Its backend must carry
-           the tensors' device (NCCL: CUDA; gloo: CPU).
+           the tensors' device (NCCL: CUDA, with torch.cuda.set_device(this rank's GPU) called
+           first, as NCCL's P2P ops require; gloo: CPU).
         causal: the whole sequence's causal mask (global query i sees key j iff j <= i; then
            Nq == Nk).
         scale: defaults to 1/sqrt(D).
