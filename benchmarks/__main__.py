@@ -24,11 +24,12 @@ from pathlib import Path
 
 # Attention runs last: it is the longest (one FlexAttention compile per shape), so a run that
 # reaches its budget loses the fewest suites.
-# overhead first (seconds), e2e last (minutes, the model pairs).
+# overhead first (seconds), e2e last (minutes, the model pairs); context_parallel after it (one
+# process group per world size; with fewer than 2 GPUs it reports skipped at once).
 GPU_SUITES = ("overhead", "softmax", "softmax_random", "softmax_backward", "decode", "varlen", "kvcache",
-              "attention", "attention_backward", "e2e")
+              "attention", "attention_backward", "e2e", "context_parallel")
 ALIASES = {"softmax-backward": "softmax_backward", "attention-backward": "attention_backward", "backward": "softmax_backward",
-           "bwd": "softmax_backward", "fwd": "softmax", "gpu": ",".join(GPU_SUITES)}
+           "bwd": "softmax_backward", "fwd": "softmax", "cp": "context_parallel", "gpu": ",".join(GPU_SUITES)}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -79,15 +80,16 @@ def _suite_names(args, cuda: bool) -> list[str]:
 
 
 def _load_suites(names: list[str]) -> list:
-    from . import (suite_attention, suite_attention_backward, suite_cpu, suite_decode, suite_e2e,
-                   suite_kvcache, suite_overhead, suite_softmax, suite_softmax_backward,
+    from . import (suite_attention, suite_attention_backward, suite_context_parallel, suite_cpu, suite_decode,
+                   suite_e2e, suite_kvcache, suite_overhead, suite_softmax, suite_softmax_backward,
                    suite_softmax_random, suite_varlen)
     modules = {"softmax": [suite_softmax.SUITE], "softmax_backward": [suite_softmax_backward.SUITE],
                "softmax_random": [suite_softmax_random.SUITE],
                "attention": [suite_attention.SUITE], "decode": [suite_decode.SUITE],
                "varlen": [suite_varlen.SUITE], "kvcache": [suite_kvcache.SUITE],
                "attention_backward": [suite_attention_backward.SUITE],
-               "overhead": [suite_overhead.SUITE], "e2e": [suite_e2e.SUITE], "cpu": suite_cpu.SUITES}
+               "overhead": [suite_overhead.SUITE], "e2e": [suite_e2e.SUITE],
+               "context_parallel": [suite_context_parallel.SUITE], "cpu": suite_cpu.SUITES}
     return [s for n in names for s in modules[n]]
 
 

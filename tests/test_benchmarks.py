@@ -273,8 +273,9 @@ def test_suite_files_only_declare(path):
     assert not names & MACHINERY, f"{path.name} uses harness machinery {names & MACHINERY}"
     imports = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                for a in n.names}
-    # harness, or the runner module of a suite with its own tables (overhead.py, end_to_end.py)
-    assert imports <= {"harness", "QUICK", "SHAPES", "overhead", "end_to_end"}, imports
+    # harness, or the runner module of a suite with its own tables (overhead.py, end_to_end.py,
+    # context_parallel.py)
+    assert imports <= {"harness", "QUICK", "SHAPES", "overhead", "end_to_end", "context_parallel"}, imports
     for node in tree.body:  # module level: constants, small shape helpers and the Suite objects
         assert isinstance(node, (ast.Expr, ast.ImportFrom, ast.Assign, ast.FunctionDef)), node
 
@@ -816,3 +817,34 @@ def test_cuda_timer_host_syncs_outside_capture():
     assert strict["status"] == syncs["status"] == h.OK
     assert not strict.get("graph_ms") and "no graph column" in strict["timing"]
     assert syncs["timing"] == "events" and syncs["graph_ms"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# context parallelism (issue 17): a multi-process suite; what it plans, its records, its skip
+# ----------------------------------------------------------------------------------------------
+def test_context_parallel_suite_plans_and_skips_without_two_gpus():
+    from benchmarks import context_parallel as cp
+    from benchmarks import suite_context_parallel as scp
+    assert "context_parallel" in cli.GPU_SUITES and cli._suite_names(cli.parse_args(["--suite", "cp"]), True) == [
+        "context_parallel"]
+    s = scp.SUITE
+    assert min(scp.SEQ_LENS) <= 32768 and max(scp.SEQ_LENS) == 1 << 20 and "fwd and fwd+bwd" in s.describe(False)
+    assert cp.plan_cases(scp.SEQ_LENS, s.worlds, 8) == [(w, n) for w in (1, 2, 4, 8) for n in scp.SEQ_LENS]
+    assert {w for w, _ in cp.plan_cases(scp.SEQ_LENS, s.worlds, 2)} == {1, 2}
+    assert cp.providers(1) == (cp.ONE_GPU, cp.SDPA) and cp.TORCH_CP in cp.providers(4)
+    if torch.cuda.device_count() < 2:
+        result = s.run(_cfg(FakeTimer()))
+        (rec,) = result["records"]
+        assert rec["status"] == h.SKIPPED and "needs >= 2 GPUs" in rec["error"] and not result["capped"]
+    # scaling efficiency against one GPU × W, speed-up over torch's CP at the same W
+    rows = [dict(world=1, n=65536, provider=cp.ONE_GPU, pass_="fwd", status=h.OK, ms=8.0),
+            dict(world=4, n=65536, provider=cp.RING, pass_="fwd", status=h.OK, ms=2.5),
+            dict(world=4, n=65536, provider=cp.TORCH_CP, pass_="fwd", status=h.OK, ms=5.0),
+            dict(world=4, n=65536, provider=cp.ALLGATHER, pass_="fwd", status=h.SKIPPED, error=cp.CAPPED)]
+    recs = cp._records("context_parallel", rows)
+    ring = recs[1]
+    assert ring["value"] == pytest.approx(65536 / 2.5e-3 / 1e6) and ring["role"] == "ours"
+    assert ring["ratios"] == pytest.approx({"1 GPU × W": 0.8, cp.TORCH_CP: 2.0})
+    assert cp.TORCH_CP not in recs[2]["ratios"]
+    md = "\n".join(cp._markdown(recs))
+    assert "| N=64k W=4 fwd | tiled_attn ring | 26.21 | 80% | 2.00× |" in md and "skipped" in md

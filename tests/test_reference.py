@@ -140,6 +140,29 @@ def test_attention_reference_and_blockwise(nq, nk, causal, hq, hkv, seed):
         assert torch.isneginf(lse[:, :, dead]).all()
 
 
+@pytest.mark.parametrize("split", [0, 1, 6, 13])
+@pytest.mark.parametrize("causal", [False, True])
+def test_merge_attention_outputs_of_disjoint_keys(split, causal, seed):
+    """Two finished results over keys [0, split) and [split, Nk) merge into the whole one, in either
+    order; a side that saw no key (causal rows before the split, an empty side) is the identity and
+    two of them give 0 and -inf, never NaN (DESIGN §1's guard)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (randn((2, 3, n, 8), torch.float64, "cpu", gen, scale=3.0) for n in (7, 13, 13))
+    whole = R.attention(q, k, v, causal=causal, return_lse=True, causal_offset=0)
+    a = R.attention(q, k[:, :, :split], v[:, :, :split], causal=causal, return_lse=True, causal_offset=0)
+    b = R.attention(q, k[:, :, split:], v[:, :, split:], causal=causal, return_lse=True,
+                    causal_offset=-split)
+    for x, y in ((a, b), (b, a)):
+        out, lse = R.merge_attention_outputs(*x, *y)
+        torch.testing.assert_close(out, whole[0], rtol=1e-12, atol=1e-14, msg=lambda m: f"seed={seed}: {m}")
+        torch.testing.assert_close(lse, whole[1], rtol=1e-12, atol=1e-14, msg=lambda m: f"seed={seed}: {m}")
+    empty = (torch.zeros_like(whole[0]), torch.full_like(whole[1], NEG_INF))
+    out, lse = R.merge_attention_outputs(*empty, *empty)
+    assert torch.equal(out, empty[0]) and torch.equal(lse, empty[1])
+    out, lse = R.merge_attention_outputs(*empty, *whole)
+    assert torch.equal(out, whole[0]) and torch.equal(lse, whole[1])
+
+
 @pytest.mark.parametrize("nq,nk", [(1, 1), (5, 13), (13, 5), (16, 16), (3, 0), (0, 4)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (4, 1)])

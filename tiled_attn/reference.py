@@ -35,6 +35,7 @@ __all__ = [
     "attention",
     "blockwise_attention",
     "merge_attention_partials",
+    "merge_attention_outputs",
     "attention_probs",
     "blockwise_attention_backward",
     "attention_varlen",
@@ -361,6 +362,23 @@ def merge_attention_partials(parts):
         acc = acc * torch.exp(state.m - shift) + acc2 * torch.exp(state2.m - shift)
         state = merged
     return acc, state
+
+
+def merge_attention_outputs(out_a, lse_a, out_b, lse_b):
+    """Merge two finished attention results over disjoint key sets, (out, lse) each with lse in
+    natural-log units (context parallelism's ring steps, tiled_attn/distributed.py).
+
+    A finished result is the state (m = lse, l = 1) with the accumulator out (l = 0 where lse = −inf:
+    a row that saw no key is the identity state), so this is merge_attention_partials of the two,
+    then the attention finalize: out = (out_a·e^(lse_a−m) + out_b·e^(lse_b−m)) / l and lse = m + log l.
+    Rows that saw no key on either side give out 0 and lse −inf, never NaN. Computes in out_a's
+    dtype (pass float32 or float64: the caller's accumulator); lse comes back in its float dtype.
+    """
+    def state(lse):
+        m = lse[..., None]
+        return OnlineState(m, (m != NEG_INF).to(m.dtype))
+    acc, merged = merge_attention_partials([(out_a, state(lse_a)), (out_b, state(lse_b))])
+    return _finalize_attention(acc, merged, out_a.dtype)
 
 
 def blockwise_attention(q, k, v, causal: bool = False, scale: float | None = None,

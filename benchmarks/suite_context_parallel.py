@@ -1,0 +1,15 @@
+"""Context parallelism (issue 17): ta.distributed.context_parallel_attention over 1 to 8 GPUs of one
+host (B=1, 16 heads, D=128, causal, bf16, zigzag), tokens/s, scaling efficiency against one GPU and
+the ratio to torch's context_parallel with SDPA (benchmarks/context_parallel.py spawns one NCCL group
+per world size; with fewer than 2 GPUs it reports skipped). 8k and 16k bracket the all-gather rule
+(distributed.ALLGATHER_MAX_BYTES = 64 MiB of K/V: 8k tokens here); 32k to 1M is the issue's range.
+
+    python -m benchmarks --suite context_parallel [--quick]
+"""
+from . import context_parallel
+
+SEQ_LENS = (8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576)
+QUICK = (16384, 131072)
+
+SUITE = context_parallel.ContextParallelSuite(seq_lens=SEQ_LENS, quick_seq_lens=QUICK, worlds=(1, 2, 4, 8),
+                                              heads=16, head_dim=128)

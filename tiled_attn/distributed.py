@@ -1,0 +1,550 @@
+"""Context parallelism (issue #17): attention over a sequence split across the ranks of a
+torch.distributed process group, the partial results merged with the online-softmax state.
+
+    ta.distributed.context_parallel_attention(q, k, v, *, group=None, causal=False, scale=None,
+                                              layout="zigzag", return_lse=False, strategy=None)
+
+Each rank passes its shard of the sequence: q (B, Hq, N/world, D), k, v (B, Hkv, N/world, D),
+Hq % Hkv == 0, and gets its shard of the output (and of lse, (B, Hq, N/world), natural log).
+
+Layouts. The global sequence is cut into equal chunks. layout="zigzag": 2·world chunks, rank r holds
+chunks r and 2·world−1−r, concatenated in that order along N (so its local N must be even);
+layout="contiguous": world chunks, rank r holds chunk r. Without `causal` the layout changes nothing
+(attention is blind to the order of keys); with it, contiguous sharding leaves the last rank the most
+work (its queries see every key) and the first rank almost none, while zigzag gives every rank the
+same: each holds one early and one late chunk. `causal` is the full sequence's mask (global query i
+sees global key j iff j <= i, one sequence: q and k shards of the same length).
+
+The ring (strategy "ring"). K/V travel around the ranks: at step t rank r holds the K/V of rank
+r − t and sends them on to r + 1 while receiving the next ones from r − 1 (dist.batch_isend_irecv
+of dist.P2POp). The next step's transfer is posted BEFORE the current step's local compute, so the
+transfer overlaps it; world − 1 transfers in all. Per (query chunk, key chunk) pair: a key chunk
+before the query chunk is attended in full, the same chunk with the causal diagonal, a chunk after
+is skipped (no compute). Each step's pairs become a few calls of the public ta.attention(...,
+return_lse=True) on views of q and of the K/V held (so any backend the tensors pick; GQA and head
+dims as ta.attention): the own step is one causal call on the whole local block (the local chunks
+ascend, so the global mask restricted to them is the local causal one); another rank's step is one
+full call (zigzag: every query against the other rank's first chunk when that rank is earlier, or
+the second local query chunk against both of its chunks when it is later: half a block either way).
+Each call's (out, lse) is merged into a float32 (float64 for float64 inputs) accumulator with
+reference.merge_attention_outputs: a finished result is the online state (m = lse, l = 1) with the
+accumulator out, so this is the same merge_states as split-KV decode, -inf guard included (a row
+whose keys so far were all masked, lse = -inf, merges without NaN). The partial outputs arrive in
+the input dtype (ta.attention's), so 16-bit inputs carry one extra rounding per partial.
+
+Backward (strategy "ring"): a torch.autograd.Function saves the local q, k, v and the merged out and
+lse, and runs the ring again. For each K/V block the library's tiled backward
+(attention._backward_impl, the backend the forward's ta.attention used) is given the GLOBAL out and
+lse: P recomputed from the global lse is then exactly that block of the global softmax, and delta =
+rowsum(dO·O) − dlse uses the global O, so the blocks' gradients add up to the global ones (dlse, the
+gradient of the returned lse, enters through delta). dQ accumulates locally; the K/V gradients of a
+block belong to its owner: they travel around a second ring (tag 1), each rank adding its
+contribution to the accumulator it receives before passing it on, and after world steps the
+accumulator of every rank's K/V arrives back at its owner. That transfer is posted after a step's
+compute and waited for after the next step's, so it overlaps too. Gradients accumulate and travel
+in float32 (float64 for float64): a sum of world partials rounded to 16 bits at every hop would
+lose more than the kernels do. Like any collective, every rank must run the backward.
+
+The all-gather variant (strategy "allgather"): one dist.all_gather of K/V, reordered into the global
+sequence, then per local query chunk one ta.attention over the keys it can see (causal: the chunk's
+prefix of the sequence, bottom-right aligned), autograd through ta.attention's own backward; the
+backward reduce-scatters the K/V gradients (in float32) back to their owners. Rule, for
+strategy=None: all-gather when the whole sequence's K/V (2·B·Hkv·N·D elements, over all ranks) is at
+most ALLGATHER_MAX_BYTES (64 MiB), else the ring. Why: the ring makes world − 1 dependent steps, each
+with a latency floor (a P2P round trip, the launches and a merge) that only a step's compute,
+growing as (N/world)², can hide; for short sequences it cannot, and one all-gather (bandwidth-
+optimal, the same bytes per rank as the ring) wins. Its cost is memory, the whole K/V on every rank:
+64 MiB is e.g. 16k tokens of 8 K/V heads of D = 128 in bf16, small beside a model's activations.
+The threshold is a reasoned choice, NOT a measurement (no multi-GPU machine was at hand):
+benchmarks/suite_context_parallel.py is where it gets its number. strategy="ring"/"allgather"
+overrides the rule.
+
+Checks (DESIGN §5). Everything ta.attention checks, plus: an initialized process group (group=None:
+the default one; else a ProcessGroup this rank belongs to), a known layout and strategy, even local
+lengths for zigzag, q and k shards of one length when causal, and tensors the group's backend can
+carry (NCCL: CUDA tensors; gloo: CPU tensors: its send/recv read CUDA memory as host memory). Every
+rank's shard shapes, dtype, causal, layout, strategy, scale and whether a gradient is needed must
+agree: checked ONCE per call signature with one small all_gather of an integer descriptor, cached
+(_SIGNATURES, a _plan.PlanCache), never per call. A rank whose own arguments are invalid still takes
+part in that all_gather (it sends a "rejected" row), so every rank raises instead of one rank raising
+and the others waiting in the ring forever. (_SIGNATURES is left out of _plan.clear_all: clearing it
+on one rank only would send that rank alone into the check's collective.)
+
+torch.compile. The entry is torch.compiler.disable'd: under torch.compile a call is a graph break
+and runs eagerly (its local ta.attention calls included); the code around it compiles, and
+fullgraph=True refuses it ("Skip calling `torch.compiler.disable()`d function"). Dynamo cannot trace
+P2P ops (batch_isend_irecv has no functional-collective form) nor a graph break inside an
+autograd.Function, so a traced ring would fall back to eager anyway; the local compute on its own
+(ta.attention) is traceable. Verified on the CPU at world size 1, torch 2.13
+(tests/test_distributed.py): a compiled function around the call (backend "aot_eager") gives the
+eager result and gradients bit for bit, and fullgraph=True raises torch._dynamo.exc.Unsupported.
+
+Verified where: on the CPU with gloo at world sizes 1, 2 and 4, including a subgroup, against the
+float64 reference of the whole sequence under DESIGN §4's rule, forward and backward
+(tests/test_distributed.py). The CUDA paths (NCCL at world size 1; two ranks sharing one GPU through
+gloo with _STAGE_THROUGH_CPU) have tests that skip without CUDA and had not run on a GPU when this
+was written; the benchmark needs ≥ 2 GPUs and had not run either.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import _checks, _plan, reference
+from .attention import _NoDoubleBackward, _backward_impl, _default_backend, attention
+
+__all__ = ["context_parallel_attention", "ALLGATHER_MAX_BYTES", "LAYOUTS", "STRATEGIES"]
+
+LAYOUTS = ("zigzag", "contiguous")
+STRATEGIES = ("ring", "allgather")
+# strategy=None: the all-gather variant up to this many bytes of the whole sequence's K/V (module
+# docstring: why, and that it is not measured yet).
+ALLGATHER_MAX_BYTES = 64 << 20
+
+# Test aid, not a supported configuration: route every transfer through CPU copies, so that a gloo
+# group carries CUDA tensors. tests/test_distributed.py sets it in the two ranks that share one GPU,
+# since NCCL refuses two ranks on one device ("Duplicate GPU detected"). Each transfer then costs a
+# device sync and two copies, and nothing overlaps.
+_STAGE_THROUGH_CPU = False
+
+_KV, _DKV = 0, 1  # P2P tags: the K/V ring and the ring of their gradients
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+# ------------------------------------------------------------------------------------------------
+# the process group and the tensors it can carry
+# ------------------------------------------------------------------------------------------------
+def _group(group):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("context_parallel_attention needs an initialized process group: call "
+                         "torch.distributed.init_process_group first (group=None is the default group)")
+    if group is None:
+        return dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be None or a torch.distributed.ProcessGroup, got {type(group).__name__}")
+    return group
+
+
+def _carrier(backend_name: str, device_type: str) -> str | None:
+    """The backend that carries `device_type` tensors in a group whose dist.get_backend is
+    `backend_name` ("nccl", "gloo", or per device as "cpu:gloo,cuda:nccl"), or None."""
+    name = backend_name.lower()
+    if ":" not in name:
+        return name
+    pairs = dict(p.split(":", 1) for p in name.split(","))
+    return pairs.get(device_type)
+
+
+def _check_device(backend_name: str, device: torch.device, staged: bool = False) -> None:
+    """q's device can travel through the group's backend: NCCL carries CUDA tensors only, gloo's
+    send/recv CPU tensors only. Backends we do not know (mpi, ucc, ...) are trusted."""
+    carrier = _carrier(backend_name, device.type)
+    if carrier is None:
+        raise ValueError(f"q is on {device}, but the group's backend {backend_name!r} has no backend for "
+                         f"{device.type} tensors: pass tensors on a device the group serves")
+    if carrier == "nccl" and device.type != "cuda":
+        raise ValueError(f"q is on {device}, but the group's backend is NCCL, which carries CUDA tensors "
+                         "only: move q, k, v to this rank's GPU, or use a gloo group for CPU tensors")
+    if carrier == "gloo" and device.type != "cpu" and not staged:
+        raise ValueError(f"q is on {device}, but the group's backend is gloo, whose send/recv carry CPU "
+                         "tensors only: use an NCCL group for CUDA tensors (init_process_group('nccl') "
+                         "or backend='cpu:gloo,cuda:nccl')")
+
+
+def _check_device_of(group) -> torch.device:
+    """Where the signature check's small tensor lives: the CPU where the group carries CPU tensors
+    (or everything is staged through it), else this rank's current GPU."""
+    if _STAGE_THROUGH_CPU or _carrier(str(dist.get_backend(group)), "cpu") not in (None, "nccl"):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan: chunks, the blocks of each ring step, the transport
+# ------------------------------------------------------------------------------------------------
+class _Block(NamedTuple):
+    """One ta.attention call of a ring step: queries q[:, :, q] against keys k[:, :, k] of the K/V
+    held; `causal` is the diagonal (bottom-right aligned, as ta.attention's)."""
+    q: slice
+    k: slice
+    causal: bool
+
+
+def _chunks(layout: str, world: int, rank: int) -> list[int]:
+    """The global chunks `rank` holds, in local order. They ascend: _blocks relies on it."""
+    return [rank, 2 * world - 1 - rank] if layout == "zigzag" else [rank]
+
+
+def _blocks(q_chunks: list[int], k_chunks: list[int], nq: int, nk: int, causal: bool) -> list[_Block]:
+    """The calls that attend queries of `q_chunks` to keys of `k_chunks`."""
+    if not causal:
+        return [_Block(slice(0, nq), slice(0, nk), False)]
+    if q_chunks == k_chunks:  # the own keys: ascending chunks of one size, so the local causal mask
+        return [_Block(slice(0, nq), slice(0, nk), True)]
+    # Another rank's chunks: never the same chunk as a query's (ranks hold disjoint chunks), so each
+    # key chunk is either before (all visible) or after (skipped). The ones before are a prefix of
+    # the ascending local order, and consecutive query chunks that see the same prefix share a call.
+    c = nq // len(q_chunks)
+    blocks: list[_Block] = []
+    for a, g in enumerate(q_chunks):
+        before = sum(h < g for h in k_chunks)
+        if before == 0:
+            continue
+        keys = slice(0, before * c)
+        if blocks and blocks[-1].k == keys and blocks[-1].q.stop == a * c:
+            blocks[-1] = _Block(slice(blocks[-1].q.start, (a + 1) * c), keys, False)
+        else:
+            blocks.append(_Block(slice(a * c, (a + 1) * c), keys, False))
+    return blocks
+
+
+class _Pending:
+    """Transfers posted and not yet waited for: wait() returns the received tensors (on the
+    compute device). The sent tensors are held until then: the backend reads them asynchronously."""
+
+    def __init__(self, works, received, sent, device):
+        self.works, self.received, self.sent, self.device = works, received, sent, device
+
+    def wait(self) -> list[torch.Tensor]:
+        for w in self.works:
+            w.wait()
+        self.sent = None
+        if self.device is None:
+            return self.received
+        return [t.to(self.device) for t in self.received]
+
+
+class _Comm:
+    """The group's transfers as the ring and the all-gather variant use them."""
+
+    def __init__(self, group, world: int, rank: int, staged: bool):
+        self.group, self.world, self.rank, self.staged = group, world, rank, staged
+        self.next = dist.get_global_rank(group, (rank + 1) % world)
+        self.prev = dist.get_global_rank(group, (rank - 1) % world)
+
+    def post(self, tensors, tag: int) -> _Pending:
+        """Send `tensors` to the next rank and receive as many of the same shapes from the previous
+        one, posted now (one batch_isend_irecv), waited for by the caller later."""
+        device = tensors[0].device if self.staged else None
+        sent = [t.cpu() if self.staged else t.contiguous() for t in tensors]
+        received = [torch.empty_like(t) for t in sent]
+        ops = ([dist.P2POp(dist.isend, t, self.next, self.group, tag) for t in sent]
+               + [dist.P2POp(dist.irecv, t, self.prev, self.group, tag) for t in received])
+        return _Pending(dist.batch_isend_irecv(ops), received, sent, device)
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """(world, *t.shape): every rank's t, by rank."""
+        if self.world == 1:
+            return t.unsqueeze(0)
+        src = t.cpu() if self.staged else t.contiguous()
+        out = src.new_empty((self.world * t.shape[0],) + tuple(t.shape[1:]))  # gloo takes the cat form only
+        _all_gather(out, src, group=self.group)
+        return out.view((self.world,) + tuple(t.shape)).to(t.device)
+
+    def reduce_scatter(self, t: torch.Tensor) -> torch.Tensor:
+        """t (world, *shape), rank j's part at t[j]: this rank's part summed over the ranks."""
+        if self.world == 1:
+            return t[0]
+        src = t.cpu() if self.staged else t.contiguous()
+        out = src.new_empty(tuple(t.shape[1:]))
+        _reduce_scatter(out, src.flatten(0, 1), group=self.group)
+        return out.to(t.device)
+
+
+# torch 2.13 renamed these (the old names warn); older torch has only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _Plan:
+    """A checked signature: the ring's steps (steps[t]: the blocks for the K/V of rank − t), or the
+    all-gather variant's chunk order, and the transport."""
+
+    __slots__ = ("comm", "world", "rank", "scale", "causal", "backend", "allgather", "steps", "chunks",
+                 "owners", "acc_dtype")
+
+    def __init__(self, q, k, group, causal: bool, scale: float, layout: str, allgather: bool, staged: bool):
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.comm = _Comm(group, self.world, self.rank, staged)
+        self.scale, self.causal, self.allgather = scale, causal, allgather
+        # the backward's: what ta.attention(..., return_lse=True) runs for these tensors
+        self.backend = _default_backend(q)
+        self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        nq, nk = q.shape[2], k.shape[2]
+        self.chunks = _chunks(layout, self.world, self.rank)
+        self.steps = [_blocks(self.chunks, _chunks(layout, self.world, (self.rank - t) % self.world), nq, nk,
+                              causal) for t in range(self.world)]
+        # global chunk g lives on rank owners[g][0] at local chunk owners[g][1]
+        self.owners = sorted(((g, (j, a)) for j in range(self.world)
+                              for a, g in enumerate(_chunks(layout, self.world, j))))
+        self.owners = [o for _, o in self.owners]
+
+
+# ------------------------------------------------------------------------------------------------
+# the ring: forward and backward
+# ------------------------------------------------------------------------------------------------
+def _ring_forward(plan: _Plan, q, k, v):
+    b, h, nq, _ = q.shape
+    acc_t = plan.acc_dtype
+    # (B, N, H, D) in memory like ta.attention's output; .to(q.dtype) below keeps the layout.
+    out = torch.zeros(b, nq, h, v.shape[-1], dtype=acc_t, device=q.device).transpose(1, 2)
+    lse = torch.full((b, h, nq), float("-inf"), dtype=acc_t, device=q.device)
+    kv = [k, v]
+    for t, blocks in enumerate(plan.steps):
+        incoming = plan.comm.post(kv, _KV) if t + 1 < plan.world else None
+        for blk in blocks:
+            o, l = attention(q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k], causal=blk.causal,
+                             scale=plan.scale, return_lse=True)
+            out[:, :, blk.q], lse[:, :, blk.q] = reference.merge_attention_outputs(
+                out[:, :, blk.q], lse[:, :, blk.q], o.to(acc_t), l.to(acc_t))
+        if incoming is not None:
+            kv = incoming.wait()
+    return out.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _ring_backward(plan: _Plan, q, k, v, out, lse, grad_out, grad_lse):
+    acc_t = plan.acc_dtype
+    dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    kv, sums = [k, v], None  # sums: the K/V gradients of this step's owner, from the ranks before
+    for t, blocks in enumerate(plan.steps):
+        incoming = plan.comm.post(kv, _KV) if t + 1 < plan.world else None
+        dkv = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in kv]
+        for blk in blocks:
+            nq_b, nk_b = blk.q.stop - blk.q.start, blk.k.stop - blk.k.start
+            dlse = None if grad_lse is None else grad_lse[:, :, blk.q]
+            # lse sliced along N is strided; the backward kernels read it as a dense (B, H, Nq)
+            g = _backward_impl(grad_out[:, :, blk.q], q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k],
+                               out[:, :, blk.q], lse[:, :, blk.q].contiguous(), dlse, plan.scale, blk.causal,
+                               nk_b - nq_b, plan.backend, False)
+            dq[:, :, blk.q] += g[0]
+            dkv[0][:, :, blk.k] += g[1]
+            dkv[1][:, :, blk.k] += g[2]
+        if sums is not None:
+            for acc, s in zip(dkv, sums.wait()):
+                acc += s
+        sums = plan.comm.post(dkv, _DKV) if plan.world > 1 else None
+        if incoming is not None:
+            kv = incoming.wait()
+    dk, dv = dkv if sums is None else sums.wait()  # after world hops: this rank's own K/V's sums
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    """The ring forward with autograd recording; the backward is the ring backward. `lse_grad`:
+    lse is returned to the caller, so its gradient flows too."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, lse_grad):
+        out, lse = _ring_forward(plan, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.lse_grad = plan, lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        with torch.no_grad():
+            dq, dk, dv = _ring_backward(ctx.plan, q, k, v, out, lse, grad_out,
+                                        grad_lse if ctx.lse_grad else None)
+        if torch.is_grad_enabled():  # create_graph=True: a double backward must raise, not be wrong
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, grad_out)
+        return dq, dk, dv, None, None
+
+
+# ------------------------------------------------------------------------------------------------
+# the all-gather variant
+# ------------------------------------------------------------------------------------------------
+def _to_global(plan: _Plan, shards: torch.Tensor) -> torch.Tensor:
+    """(world, ..., N/world, D) shards by rank -> (..., N, D) in the global sequence's order."""
+    c = shards.shape[-2] // len(plan.chunks)
+    return torch.cat([shards[j, ..., a * c:(a + 1) * c, :] for j, a in plan.owners], dim=-2)
+
+
+def _to_shards(plan: _Plan, full: torch.Tensor) -> torch.Tensor:
+    """_to_global's inverse: (..., N, D) -> (world, ..., N/world, D)."""
+    c = full.shape[-2] // len(plan.owners)
+    pieces = {o: full[..., g * c:(g + 1) * c, :] for g, o in enumerate(plan.owners)}
+    return torch.stack([torch.cat([pieces[(j, a)] for a in range(len(plan.chunks))], dim=-2)
+                        for j in range(plan.world)])
+
+
+class _GatherKV(torch.autograd.Function):
+    """k, v shards -> the whole sequence's k, v on every rank; backward: each rank's part of the
+    summed gradients (one reduce-scatter, in float32 or float64)."""
+
+    @staticmethod
+    def forward(ctx, k, v, plan):
+        ctx.plan, ctx.dtype = plan, k.dtype
+        full = _to_global(plan, plan.comm.all_gather(torch.stack((k, v))))
+        return full[0], full[1]
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        plan = ctx.plan  # (autograd materializes a missing gradient as zeros)
+        parts = _to_shards(plan, torch.stack((dk, dv)).to(plan.acc_dtype))
+        mine = plan.comm.reduce_scatter(parts)
+        return mine[0].to(ctx.dtype), mine[1].to(ctx.dtype), None
+
+
+def _allgather_attention(plan: _Plan, q, k, v, return_lse: bool):
+    kf, vf = _GatherKV.apply(k, v, plan)
+    if not plan.causal:
+        res = attention(q, kf, vf, scale=plan.scale, return_lse=return_lse)
+        return res if return_lse else (res, None)
+    c = q.shape[2] // len(plan.chunks)
+    # query chunk g sees the sequence's first (g + 1)·c keys, its own chunk's causally: bottom-right
+    parts = [attention(q[:, :, a * c:(a + 1) * c], kf[:, :, :(g + 1) * c], vf[:, :, :(g + 1) * c], causal=True,
+                       scale=plan.scale, return_lse=return_lse) for a, g in enumerate(plan.chunks)]
+    if not return_lse:
+        return torch.cat(parts, dim=2), None
+    return torch.cat([o for o, _ in parts], dim=2), torch.cat([l for _, l in parts], dim=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# validation and the signature check across ranks
+# ------------------------------------------------------------------------------------------------
+def _validate(q, k, v, causal, scale, layout, return_lse, strategy) -> float:
+    """This rank's arguments on their own (DESIGN §5); returns the scale."""
+    _checks.check_attention(q, k, v, scale, None)
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {_checks._names(LAYOUTS)}, got {layout!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be None (the size rule) or one of {_checks._names(STRATEGIES)}, "
+                         f"got {strategy!r}")
+    nq, nk = q.shape[2], k.shape[2]
+    if causal and nq != nk:
+        raise ValueError(f"causal attention over one sequence needs q and k shards of the same length, got "
+                         f"q's N/world = {nq} and k's {nk}")
+    if layout == "zigzag":
+        for name, n in (("q", nq), ("k", nk)):
+            if n % 2:
+                raise ValueError(f"layout='zigzag' holds two equal chunks per rank, so {name}'s local "
+                                 f"sequence length must be even, got {n} (pad the sequence to a multiple "
+                                 "of 2·world, or use layout='contiguous')")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+# The descriptor's fields: (what must agree, its slice of the row, how to show it).
+_FIELDS = (
+    ("q's shard shape (B, Hq, N/world, D)", slice(1, 5), tuple),
+    ("k's and v's shard shape (B, Hkv, N/world, D)", slice(5, 9), tuple),
+    ("the dtype of q, k, v", slice(9, 10), lambda r: _checks._dtype_name(_DTYPES[r[0]])),
+    ("causal", slice(10, 11), lambda r: bool(r[0])),
+    ("layout", slice(11, 12), lambda r: LAYOUTS[r[0]]),
+    ("strategy", slice(12, 13), lambda r: ((None,) + STRATEGIES)[r[0]]),
+    ("scale", slice(13, 14), lambda r: struct.unpack("<d", struct.pack("<q", r[0]))[0]),
+    ("whether a gradient is needed (every rank must run the backward ring)", slice(14, 15), lambda r: bool(r[0])),
+)
+_ROW = 15
+
+
+def _descriptor(q, k, causal, scale: float, layout, strategy, needs_grad: bool) -> list[int]:
+    return [1, *q.shape, *k.shape, _DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
+            ((None,) + STRATEGIES).index(strategy), struct.unpack("<q", struct.pack("<d", scale))[0],
+            int(needs_grad)]
+
+
+def _agree(group, mine: list[int] | None, error: Exception | None) -> None:
+    """All-gather every rank's descriptor (a rank that rejected its arguments sends a zero row);
+    raise this rank's own error, or that another rank rejected its arguments, or the first field
+    on which two ranks differ. Every rank raises alike, so none is left waiting in the ring."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    row = torch.tensor(mine if mine is not None else [0] * _ROW, dtype=torch.int64,
+                       device=_check_device_of(group))
+    rows = _Comm(group, world, rank, False).all_gather(row).tolist()
+    if error is not None:
+        raise error
+    bad = [j for j, r in enumerate(rows) if r[0] == 0]
+    if bad:
+        raise ValueError(f"rank {bad[0]} of the group rejected its arguments to context_parallel_attention "
+                         "(its own error says why): every rank raises here rather than wait in the ring")
+    for name, where, show in _FIELDS:
+        for j, r in enumerate(rows):
+            if r[where] != rows[rank][where]:
+                raise ValueError(f"{name} must be the same on every rank of the group, got "
+                                 f"{show(rows[rank][where])} on rank {rank} and {show(r[where])} on rank {j}")
+
+
+_SIGNATURES = _plan.PlanCache("context parallel")
+_plan._CACHES.remove(_SIGNATURES)  # never cleared by _plan.clear_all on one rank alone (module docstring)
+
+
+def _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs_grad: bool) -> _Plan:
+    group = _group(group)
+    staged = _STAGE_THROUGH_CPU
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal,
+               type(causal), scale, type(scale), layout, return_lse, type(return_lse), strategy, needs_grad,
+               group, staged)
+        plan = _SIGNATURES.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable argument: validation names it
+        key = plan = None
+    if plan is not None:
+        return plan
+    if dist.get_rank(group) < 0:
+        raise ValueError("group must be a process group this rank belongs to (dist.get_rank(group) is -1)")
+    mine = error = None
+    try:
+        s = _validate(q, k, v, causal, scale, layout, return_lse, strategy)
+        _check_device(str(dist.get_backend(group)), q.device, staged)
+        mine = _descriptor(q, k, causal, s, layout, strategy, needs_grad)
+    except (TypeError, ValueError) as err:
+        error = err
+    _agree(group, mine, error)
+    world = dist.get_world_size(group)
+    allgather = (strategy == "allgather" if strategy is not None
+                 else 2 * k.numel() * world * k.element_size() <= ALLGATHER_MAX_BYTES)
+    return _SIGNATURES.put(key, _Plan(q, k, group, causal, s, layout, allgather, staged))
+
+
+# ------------------------------------------------------------------------------------------------
+# the entry point
+# ------------------------------------------------------------------------------------------------
+@torch.compiler.disable
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                               causal: bool = False, scale: float | None = None, layout: str = "zigzag",
+                               return_lse: bool = False, strategy: str | None = None):
+    """Attention over a sequence sharded across the ranks of `group` (module docstring: the ring,
+    the layouts, the merge, the backward, the all-gather rule).
+
+    Args:
+        q: this rank's query shard (B, Hq, N/world, D); k, v: its key/value shard (B, Hkv, Nk/world,
+           D), Hq % Hkv == 0; dtypes and head dims as ta.attention. Every rank passes the same shapes.
+        group: a torch.distributed ProcessGroup, None for the default one. Its backend must carry
+           the tensors' device (NCCL: CUDA, with torch.cuda.set_device(this rank's GPU) called
+           first, as NCCL's P2P ops require; gloo: CPU).
+        causal: the whole sequence's causal mask (global query i sees key j iff j <= i; then
+           Nq == Nk).
+        scale: defaults to 1/sqrt(D).
+        layout: how the sequence is sharded: "zigzag" (2·world chunks, rank r holds chunks r and
+           2·world−1−r, in that order: equal causal work on every rank; local N even) or
+           "contiguous" (rank r holds chunk r).
+        return_lse: also return this shard's lse (B, Hq, N/world), float32 (float64 for float64),
+           natural log; differentiable.
+        strategy: None (all-gather up to ALLGATHER_MAX_BYTES of K/V over the whole sequence, else
+           the ring), "ring" or "allgather".
+
+    Returns this rank's shard of the output (B, Hq, N/world, D), and lse with return_lse.
+    Differentiable in q, k, v (every rank must run the backward: it is collective). A call is a
+    collective: every rank of the group calls it with its shard, in the same order as the others.
+    Under torch.compile it is a graph break and runs eagerly (module docstring).
+    """
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (q, k, v))
+    plan = _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs_grad)
+    if plan.allgather:
+        out, lse = _allgather_attention(plan, q, k, v, return_lse)
+    elif needs_grad:
+        out, lse = _RingAttention.apply(q, k, v, plan, return_lse)
+    else:
+        out, lse = _ring_forward(plan, q, k, v)
+    return (out, lse) if return_lse else out
