@@ -31,10 +31,11 @@ class PlanCache(dict):
     """signature -> plan, bounded: past `limit` entries the oldest is dropped (a decode loop whose
     key length grows by one each step would otherwise keep every step's plan)."""
 
-    def __init__(self, name: str, limit: int = 1024):
+    def __init__(self, name: str, limit: int = 1024, clear_all: bool = True):
         super().__init__()
         self.name, self.limit = name, limit
-        _CACHES.append(self)
+        if clear_all:  # clear_all() forgets it too
+            _CACHES.append(self)
 
     def put(self, key, plan):
         if key is not None:
