@@ -408,3 +408,19 @@ def test_decode_loop_shares_compiled_kernels(seed):
         assert_rule(out, ref, theirs, dtype=q.dtype, seed=seed, what=f"decode Nk={n}")
     # one compiled kernel per (kernel, specialization): Nk % 16 and the split count vary, little else
     assert len(launch_mod._SHARED) - before < len(steps) // 2
+
+
+def test_launch_refuses_a_cpu_device_without_the_interpreter():
+    """A compiled Triton kernel planned for CPU tensors (only a plan made past validation can ask)
+    raises at plan time instead of retrying its device switch on every launch."""
+    from tiled_attn.triton.launch import Launch
+
+    class Compiled:  # what a @triton.jit kernel looks like outside the interpreter
+        device_caches: dict = {}
+
+        @staticmethod
+        def fn():
+            pass
+
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        Launch(Compiled(), (1,), {}, torch.device("cpu"))

@@ -102,6 +102,11 @@ class Launch:
         self.fn, self.meta, self.device = fn, meta, device
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self._interpret = interpreted(fn)
+        if not self._interpret and device.type != "cuda":
+            # Validation keeps such calls out (DESIGN §5); a plan made past it would retry its
+            # device switch forever instead of launching.
+            raise ValueError(f"{fn.fn.__name__}: the Triton backend runs on CUDA tensors (or in Triton's "
+                             f"interpreter, TRITON_INTERPRET=1), got tensors on {device}")
         self._compiled: dict = {}
         self._checked = checked
         self._tensors: tuple | None = None  # positions of the tensor arguments (first call)
