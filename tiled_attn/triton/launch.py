@@ -140,11 +140,14 @@ class Launch:
             tensors = self._tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
             if self._checked is None:
                 self._checked = tensors
+        flat = list(args)
+        for i in tensors:  # addresses, not tensors: see the module doc
+            flat[i] = flat[i].data_ptr()
         checked = self._checked
         bits = 0
         for i in checked:
-            bits |= args[i].data_ptr()
-        key = True if bits % _ALIGN == 0 else tuple(args[i].data_ptr() % _ALIGN == 0 for i in checked)
+            bits |= flat[i]
+        key = True if bits % _ALIGN == 0 else tuple(flat[i] % _ALIGN == 0 for i in checked)
         compiled = self._compiled.get(key)
         index = self.device.index
         if compiled is None or _current_device() != index:
@@ -152,9 +155,6 @@ class Launch:
             return
         launch, function, packed, coop, pdl = compiled
         g = self.grid
-        flat = list(args)
-        for i in tensors:  # addresses, not tensors: see the module doc
-            flat[i] = flat[i].data_ptr()
         launch(g[0], g[1], g[2], _raw_stream(index), function, coop, pdl, None, None, packed, None, None,
                None, *flat, *self._tail)
 
