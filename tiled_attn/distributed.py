@@ -70,7 +70,8 @@ part in that all_gather (it sends a "rejected" row), so every rank raises instea
 and the others waiting in the ring forever. (_SIGNATURES is left out of _plan.clear_all: clearing it
 on one rank only would send that rank alone into the check's collective.)
 
-torch.compile. The entry is torch.compiler.disable'd: under torch.compile a call is a graph break
+torch.compile. The entry is _plan.eager_only (torch.compiler.disable for traced calls only, as the
+package's other eager-only entries): under torch.compile a call is a graph break
 and runs eagerly (its local ta.attention calls included); the code around it compiles, and
 fullgraph=True refuses it ("Skip calling `torch.compiler.disable()`d function"). Dynamo cannot trace
 P2P ops (batch_isend_irecv has no functional-collective form) nor a graph break inside an
@@ -511,7 +512,7 @@ def _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs
 # ------------------------------------------------------------------------------------------------
 # the entry point
 # ------------------------------------------------------------------------------------------------
-@torch.compiler.disable
+@_plan.eager_only
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
                                causal: bool = False, scale: float | None = None, layout: str = "zigzag",
                                return_lse: bool = False, strategy: str | None = None):
