@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
-#                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax profile bench pack
+#                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax
+#                                 sweep_softmax_random profile bench pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
@@ -87,6 +88,10 @@ for s in "$@"; do
             --out "$OUT/cuda_softmax_sweep" ${SWEEP_CUDA_ARGS:-} ;;
     sweep_softmax) stage sweep_softmax "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_triton_softmax.py \
             --out "$OUT/softmax_sweep" ${SWEEP_ARGS:-} ;;
+    # Issue 16's random shapes: every kernel timed eager, backend=None's selection fitted per GPU
+    # model (configs.model_arch) and checked on the held-out set; --apply it afterwards, on the CPU.
+    sweep_softmax_random) stage sweep_softmax_random "${SWEEP_RANDOM_TIMEOUT:-360}" python benchmarks/sweep_softmax_random.py \
+            --out "$OUT/softmax_random" --budget "${SWEEP_RANDOM_BUDGET:-330}" --jobs "${TEST_WORKERS:-12}" ;;
     bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;
     pack) ;;  # after the summary, below
     *) echo "unknown stage $s" >&2 ;;

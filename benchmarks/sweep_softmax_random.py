@@ -521,11 +521,20 @@ def _row_note(report, key, rows, i) -> str:
             (f", {min(vt):.2f}-{max(vt):.2f}x torch" if vt else ""))
 
 
+def markers(key: str) -> tuple[str, str]:
+    """The --apply block's first and last lines for the table key `key`: an arch's ("sm90") rows
+    between the plain markers, a GPU model's ("sm90:h200", configs.model_arch) between its own."""
+    if ":" not in key:
+        return BEGIN, END
+    return BEGIN.replace("--apply", f"--apply {key}"), END.replace("--apply", f"--apply {key}")
+
+
 def block_lines(doc: dict) -> list[str]:
     meta, table = doc["meta"], table_from_json(doc["table"])
     report = doc.get("fit_report", [])
     held = doc.get("heldout_summary") or {}
-    lines = [BEGIN + f": {meta['date']}, {meta['device']}, copy {meta['copy_gbps']:.0f} GB/s.",
+    begin, end = markers(meta.get("key") or meta.get("arch", ""))
+    lines = [begin + f": {meta['date']}, {meta['device']}, copy {meta['copy_gbps']:.0f} GB/s.",
              f"    # {meta['points']} shapes x {','.join(meta['dtypes'])}, eager; each row: its shapes' "
              "time vs the fastest kernel's, and vs torch.softmax."]
     if held:
@@ -537,22 +546,31 @@ def block_lines(doc: dict) -> list[str]:
             lines.append(f"        ({n_max}, {m_min}, {json.dumps(b)}, {'None' if k is None else json.dumps(k)}),  "
                          f"# {_row_note(report, key, rows, i)}")
         lines.append("    ),")
-    return lines + [END]
+    return lines + [end]
 
 
 def apply(sweep_json: Path, root: Path = ROOT, allow_any_arch: bool = False) -> list[str]:
     """Write the fitted rows of sweep_json between the markers of SOFTMAX_SELECT in
-    root/tiled_attn/configs.py (idempotent: an earlier block is replaced)."""
+    root/tiled_attn/configs.py (idempotent: an earlier block of the same key is replaced). A GPU
+    model's block ("sm90:h200") that is not there yet goes in before its arch's block, whose rows
+    stay for the arch's other models."""
     doc = json.loads(Path(sweep_json).read_text())
     if doc["meta"]["arch"] != "sm90" and not allow_any_arch:
         raise SystemExit(f"{sweep_json} was measured on {doc['meta']['arch']}, not sm90")
     path = Path(root) / "tiled_attn" / "configs.py"
     text = path.read_text()
-    block = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", flags=re.S)
-    if not block.search(text):
+    if not re.search(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", text, flags=re.S):
         raise SystemExit(f"{path}: no SOFTMAX_SELECT --apply markers")
+    begin, end = markers(doc["meta"].get("key", doc["meta"]["arch"]))
     lines = block_lines(doc)
-    path.write_text(block.sub(lambda _: "\n".join(lines) + "\n", text, count=1))
+    new = "\n".join(lines) + "\n"
+    block = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n", flags=re.S)
+    if block.search(text):
+        text = block.sub(lambda _: new, text, count=1)
+    else:
+        at = text.index(BEGIN)
+        text = text[:at] + new + text[at:]
+    path.write_text(text)
     return lines
 
 
@@ -609,7 +627,7 @@ def wired_now(arch: str, cuda_ok: bool, device: torch.device, dtypes) -> bool:
     makes on a small probe inside a fitted row against select()'s answer there."""
     sm = sys.modules["tiled_attn.softmax"]
     for (a, dt, layout, pool), rows in configs.SOFTMAX_SELECT.items():
-        if a != arch or layout != "contig" or dt not in dtypes:
+        if a not in (arch, configs.base_arch(arch)) or layout != "contig" or dt not in dtypes:
             continue
         n = min(rows[0][0], 16)
         x = torch.empty(max(rows[0][1], 1), n, device=device, dtype=h.DTYPES[dt])
@@ -703,6 +721,7 @@ def main(argv=None) -> int:
         raise SystemExit("the sweep needs a CUDA device (--smoke runs a CPU miniature, --dry-run the plan)")
     device = torch.device("cpu" if smoke else "cuda")
     arch = configs.arch(device)
+    key = configs.model_arch(device)  # the fitted rows' key: this GPU model's own (configs.py)
     deadline = t0 + args.budget
     compile_deadline = t0 + (args.compile_budget if args.compile_budget is not None else 0.4 * args.budget)
 
@@ -722,7 +741,7 @@ def main(argv=None) -> int:
     cfg = h.RunConfig(device=device, timer=timer, ceilings=ceilings)
     devname = "cpu (smoke)" if smoke else torch.cuda.get_device_name()
     log(f"{devname} ({arch}): copy {ceilings['copy_gbps']:.0f} GB/s; {time.perf_counter() - t0:.0f} s so far")
-    meta = dict(device=devname, arch=arch, date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
+    meta = dict(device=devname, arch=arch, key=key, date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
                 triton=__import__("triton").__version__, copy_gbps=ceilings["copy_gbps"],
                 dtypes=dtypes, layouts=layouts, kernels=kernels, cuda=unavailable.get("cuda") or "available",
                 reps_ms=args.reps_ms, warmup_ms=args.warmup_ms, lam=args.lam, estimate=est,
@@ -741,7 +760,7 @@ def main(argv=None) -> int:
                                            provs + [h.default_softmax(), h.torch_softmax()],
                                            cfg, sweep_deadline, 16_000, "sweep")
             # (3) the fit
-            table, report = fit(records, dtypes, layouts, arch, args.lam)
+            table, report = fit(records, dtypes, layouts, key, args.lam)
             meta.update(points=len(sweep), seconds=time.perf_counter() - t0, aborted=aborted)
             doc = dict(meta=meta, shapes=dict(sweep=sweep, heldout=heldout), table=table_to_json(table),
                        fit_report=report, records=records)
@@ -753,13 +772,13 @@ def main(argv=None) -> int:
         # (4) the held-out check
         held = None
         if heldout and not aborted:
-            wired = wired_now(arch, cuda_ok, device, dtypes)
+            wired = wired_now(key, cuda_ok, device, dtypes)
             names = {cand_name(b, k) for rows in table.values() for _, _, b, k in rows}
             if doc:
                 names |= {p["best"] for p in doc["fit_report"]}
             contenders = [kernel_provider(n, unavailable) for n in kernels if n in names or not doc]
             hrecs, lost = time_shapes(heldout, dtypes, layouts,
-                                      [selected_provider(arch, cuda_ok), h.default_softmax(), h.torch_softmax()]
+                                      [selected_provider(key, cuda_ok), h.default_softmax(), h.torch_softmax()]
                                       + contenders, cfg, deadline, 61_000, "held-out")
             held = heldout_summary(hrecs, dtypes, layouts, wired)
             held_doc = dict(meta=dict(meta, seconds=time.perf_counter() - t0, aborted=lost, wired=wired),

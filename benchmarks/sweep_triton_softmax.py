@@ -60,6 +60,11 @@ DRY_SHAPES = [dict(M=8, N=40), dict(M=8, N=1500), dict(M=2, N=3000)]  # row, onl
 # Elements per thread of a tile: fp32 16-32 (4-8 16-byte loads), bf16 16-64 (2-8 loads; a bf16
 # tile of the fp32 size has half the bytes in flight, measured 86-88% of copy vs 92%).
 EPT = {"fp32": (16, 32), "bf16": (16, 64)}
+# "row" on short rows also tries small tiles (4 fp32 / 8 bf16 elements a thread, one 16-byte load):
+# ncu on the H200 (2026-11-26, results/ncu) put 65536x128 fp32 at 92 registers and 31% occupancy
+# on the 32x128 tile, and 2048 row blocks in ~3.1 waves, where torch's warp-per-row kernel holds 4
+# elements a thread at 82% occupancy.
+EPT_ROW = {"fp32": (4, 32), "bf16": (8, 64)}
 SWITCHES = {  # phase 2: crossed with the --top tiles of phase 1
     "row": [{"STAGES": 2}, {"EVICT": True}, {"WAVES": 0}, {"WAVES": 2},
             {"STAGES": 2, "EVICT": True}, {"EVICT": True, "WAVES": 0}],
@@ -103,12 +108,14 @@ def tiles(kernel: str, dt: str, n: int, base: dict) -> list[dict]:
     warps at 1/2-2x, within EPT elements per thread; the "any" row itself is timed as phase 0.
     Offline (ptxas, sm_90a) a few of these spill (e.g. bf16 row 4x4096 at 32 warps: 64 registers
     a thread at most): the runtime spill check drops them before timing."""
-    lo, hi = EPT[dt]
+    lo, hi = (EPT_ROW if kernel == "row" else EPT)[dt]
     field = "BLOCK_M" if kernel == "row" else "BLOCK_N"
     width = triton.next_power_of_2(n) if kernel == "row" else base.get("BLOCK_M", 1)
+    small = kernel == "row" and lo < EPT[dt][0]  # the small tiles of EPT_ROW: smaller factors too
     out = []
-    for f in (base[field] // 2, base[field], 2 * base[field], 4 * base[field]):
-        for w in (base["num_warps"] // 2, base["num_warps"], 2 * base["num_warps"]):
+    f0, w0 = base[field], base["num_warps"]
+    for f in ((f0 // 8, f0 // 4) if small else ()) + (f0 // 2, f0, 2 * f0, 4 * f0):
+        for w in ((w0 // 4,) if small else ()) + (w0 // 2, w0, 2 * w0):
             cand = dict(base, **{field: f, "num_warps": w})
             if f >= 1 and 1 <= w <= 32 and lo <= f * width / (32 * w) <= hi and cand != base:
                 out.append(cand)
@@ -430,6 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="directory for sweep.json and sweep.md")
     ap.add_argument("--apply", type=Path, metavar="SWEEP_JSON", help="its picks -> configs.py")
     ap.add_argument("--quick", action="store_true", help="3 ladder shapes, top 1")
+    ap.add_argument("--shapes", help="MxN[,MxN...] instead of the ladder, e.g. 65536x128")
+    ap.add_argument("--dtypes", default="bf16,fp32", help="of bf16,fp32")
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
     ap.add_argument("--budget", type=float, default=140.0, help="seconds for the run")
     ap.add_argument("--top", type=int, default=2, help="phase-1 tiles crossed with the switches")
@@ -457,8 +466,11 @@ def main(argv=None) -> int:
     log(f"{torch.cuda.get_device_name() if not dry else 'cpu'} ({arch}): copy "
         f"{ceilings['copy_gbps']:.0f} GB/s, torch {torch.__version__}, triton {triton.__version__}")
     ladder = DRY_SHAPES if dry else QUICK if args.quick else SHAPES
+    if args.shapes:
+        ladder = [dict(M=int(a), N=int(b)) for a, b in (t.split("x") for t in args.shapes.split(","))]
+    dts = [d for d in ("bf16", "fp32") if d in args.dtypes.split(",")]
     shapes = [Shape(dt, s["M"], s["N"], device, arch, timer, ceilings, 1000 * i + j)
-              for i, s in enumerate(ladder) for j, dt in enumerate(("bf16", "fp32"))]
+              for i, s in enumerate(ladder) for j, dt in enumerate(dts)]
     # Order = priority under --budget: furthest below the bar first (long rows, then bf16 rows).
     shapes.sort(key=lambda s: (s.n <= 32768, s.n <= 32768 and s.dt == "fp32", -s.n))
     records, aborted = [], ""

@@ -947,6 +947,53 @@ def test_triton_kernels_compile_for_sm90a():
     assert_none_without_interpreter("test_softmax", "_compile_for_sm90a()", 900)
 
 
+def _row_vec_packs() -> list[str]:
+    """The row kernel on rows of 88 fp32 / 88 bf16 columns (352 / 176 bytes: 16-byte aligned rows
+    that Triton's own specialization, on divisibility by 16, does not see), compiled for sm_90a:
+    with VEC its loads pack into 16 bytes, without it they do not. Problems, as a list."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tiled_attn.triton.softmax_row import softmax_row_kernel
+    problems = []
+    for dt, vec in (("fp32", 4), ("bf16", 8)):
+        widths = {}
+        for v in (1, vec):
+            names = softmax_row_kernel.arg_names
+            consts = dict(stride_xn=1, BLOCK_M=4, BLOCK_N=128, COL_CONTIG=True, MASK_N=True, STAGES=1,
+                          LAST="", STORE="", VEC=v)
+            signature = {n: "constexpr" if n in consts else ("*" + dt if n.endswith("_ptr") else "i32")
+                         for n in names}
+            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("x_ptr", "y_ptr")}
+            ptx = triton.compile(ASTSource(softmax_row_kernel, signature, consts, attrs),
+                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=2)).asm["ptx"]
+            loads = re.findall(r"ld\.global[\w.]*", ptx)
+            widths[v] = {"v4" if ".v4" in ld else "v2" if ".v2" in ld else "scalar" for ld in loads}
+        if widths[vec] != {"v4"}:
+            problems.append(f"{dt} VEC={vec}: loads {widths[vec]}, expected 16-byte packs")
+        if widths[1] != {"scalar"}:
+            problems.append(f"{dt} VEC=1: loads {widths[1]}: the test no longer shows what VEC adds")
+    return problems
+
+
+def test_triton_row_vec_packs_loads():
+    """softmax_row.py's VEC: rows whose length and strides 16 does not divide still load 16-byte
+    packs where VEC (softmax_io.vec_width) does (CPU CI: an offline sm_90a build's PTX)."""
+    if HAS_CUDA:
+        pytest.skip("offline build check; the GPU run times the kernels")
+    assert_none_without_interpreter("test_softmax", "_row_vec_packs()", 300)
+
+
+def test_vec_width():
+    from tiled_attn.triton.softmax_io import vec_width
+    assert vec_width(4, 88, 88, 88) == 4 and vec_width(2, 88, 88, 88) == 8
+    assert vec_width(4, 88, 90, 88) == 2 and vec_width(4, 25, 25, 25) == 1 and vec_width(2, 4096) == 8
+    assert vec_width(8, 6, 6) == 2 and vec_width(1, 48) == 16
+
+
 def test_rows_view_rule_matches_torch_view():
     """softmax._rows_are_a_view reads off sizes and strides whether the rows flatten into an
     (M, N) view (it must not try the view: under torch.compile a failed view of a fake tensor

@@ -56,6 +56,26 @@ def test_empty_table_is_todays_choice(table, monkeypatch):
             assert softmax_select.select(m, n, dtype, contig, arch, cuda_ok, log) == want
 
 
+def test_a_models_rows_come_before_its_archs(table):
+    h200, sm90 = ((1 << 30, 1, "triton", "row"),), ((1 << 30, 1, "cuda", "warp_row"),)
+    table({("sm90:h200", "fp32", "contig", "all"): h200, ("sm90", "fp32", "contig", "all"): sm90,
+           ("sm90", "bf16", "contig", "all"): sm90})
+    sel = softmax_select.select
+    assert sel(8, 100, torch.float32, True, "sm90:h200", True) == ("triton", "row")
+    assert sel(8, 100, torch.float32, True, "sm90:h100", True) == ("cuda", "warp_row")  # no rows: its arch's
+    assert sel(8, 100, torch.float32, True, "sm90", True) == ("cuda", "warp_row")
+    assert sel(8, 100, torch.bfloat16, True, "sm90:h200", True) == ("cuda", "warp_row")  # a key it lacks
+    assert softmax_select.max_n("triton", "row", "sm90:h200", "fp32") == softmax_select.max_n("triton", "row", "sm90", "fp32")
+
+
+def test_model_key_and_arch():
+    assert configs.model_key("NVIDIA H100 80GB HBM3") == "h100"
+    assert configs.model_key("NVIDIA H200") == "h200"
+    assert configs.model_key("NVIDIA GeForce RTX 4090") == "4090"
+    assert configs.base_arch("sm90:h200") == configs.base_arch("sm90") == "sm90"
+    assert configs.model_arch(torch.device("cpu")) == "cpu"
+
+
 def test_the_shipped_table_only_names_usable_kernels():
     # Whatever --apply wrote: every row's kernel takes every N up to its n_max, "triton" pools hold
     # Triton rows only, rows are sorted by n_max.
@@ -277,6 +297,27 @@ def test_block_lines_are_the_table_as_python():
     assert lines[0].startswith(sw.BEGIN) and lines[-1] == sw.END
     assert eval("{\n" + "\n".join(lines) + "\n}") == table
     assert sw.table_from_json(json.loads(json.dumps(doc["table"]))) == table
+
+
+def test_apply_writes_a_models_block_before_its_archs(tmp_path):
+    """A GPU model's fit ("sm90:h200") gets its own block, ahead of the arch's, which stays: the
+    rows measured on the arch's other models keep serving them."""
+    root = tmp_path / "repo"
+    (root / "tiled_attn").mkdir(parents=True)
+    shutil.copy(ROOT / "tiled_attn" / "configs.py", root / "tiled_attn" / "configs.py")
+    table = {("sm90:h200", "bf16", "contig", "all"): ((1024, 1, "triton", "row"), (1 << 25, 1, "cuda", None))}
+    doc = dict(meta=dict(date="d", device="NVIDIA H200", arch="sm90", key="sm90:h200", copy_gbps=4000.0,
+                         points=64, dtypes=["bf16"]), table=sw.table_to_json(table), fit_report=[])
+    (tmp_path / "sweep.json").write_text(json.dumps(doc))
+    lines = sw.apply(tmp_path / "sweep.json", root)
+    begin, end = sw.markers("sm90:h200")
+    assert lines[0].startswith(begin) and lines[-1] == end and begin != sw.BEGIN
+    first = (root / "tiled_attn" / "configs.py").read_text()
+    sw.apply(tmp_path / "sweep.json", root)
+    assert (root / "tiled_attn" / "configs.py").read_text() == first  # replaced, not added again
+    assert first.count(begin) == 1 and first.count(sw.BEGIN) == 1 and first.index(begin) < first.index(sw.BEGIN)
+    mod = _load_configs(root / "tiled_attn" / "configs.py")
+    assert dict(mod.SOFTMAX_SELECT) == {**configs.SOFTMAX_SELECT, **table}
 
 
 def _load_configs(path: Path):

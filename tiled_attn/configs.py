@@ -25,6 +25,34 @@ def arch(device: torch.device) -> str:
     return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def model_key(name: str) -> str:
+    """A GPU's model in a device name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"
+    (the first word with a digit)."""
+    words = name.lower().replace("nvidia", " ").split()
+    return next((w for w in words if any(c.isdigit() for c in w)), words[0] if words else "gpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _model_of(index: int) -> str:
+    return model_key(torch.cuda.get_device_name(index))
+
+
+def model_arch(device: torch.device) -> str:
+    """arch(device) with the GPU model, 'sm90:h200': the key of the tables measured per model
+    (SOFTMAX_SELECT), whose lookups fall back to arch(device) ('sm90'). Same SMs, different memory
+    and host: the H200's 1.4x copy bandwidth moves where a call is bound by the host, which decides
+    the selection on small shapes."""
+    a = arch(device)
+    if device.type != "cuda":
+        return a
+    return f"{a}:{_model_of(device.index if device.index is not None else torch.cuda.current_device())}"
+
+
+def base_arch(key: str) -> str:
+    """'sm90' for 'sm90:h200' (and for 'sm90')."""
+    return key.partition(":")[0]
+
+
 def dtype_key(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
             torch.float64: "fp64"}[dtype]
@@ -239,25 +267,25 @@ TRITON_SOFTMAX: dict = _Table({
     # its size class (the single pass: the default kernel); "= any" rows keep the
     # smaller classes on the "any" launch; fp16 takes the bf16 rows. See sweep.json.
     ("row", "sm90", "bf16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 262144x32: 3293 GB/s = 111% of copy, x1.09 vs any
-    ("row", "sm90", "bf16", 128): dict(BLOCK_M=32, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # 65536x128: 3247 GB/s = 109% of copy, x1.13 vs any
+    ("row", "sm90", "bf16", 128): dict(BLOCK_M=8, num_warps=1, num_stages=2, EVICT=True),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 65536x128 3784 GB/s = 90% of copy, x1.09 vs any (the H100's row above it: BLOCK_M=32, 8 warps, WAVES=0, 109%)
     ("row", "sm90", "bf16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
-    ("row", "sm90", "bf16", 1024): dict(BLOCK_M=4, num_warps=8, num_stages=2, WAVES=0),  # 32768x1024: 2872 GB/s = 97% of copy, x1.12 vs any
+    ("row", "sm90", "bf16", 1024): dict(BLOCK_M=2, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 32768x1024 3986 GB/s = 95% of copy, x1.15 vs any (H100: BLOCK_M=4, 8 warps, WAVES=0, 97%)
     ("row", "sm90", "bf16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
     ("row", "sm90", "bf16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2858 GB/s = 96% of copy, x1.09 vs any
     ("row", "sm90", "bf16", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = any
     ("row", "sm90", "bf16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # 4096x16384: 2542 GB/s = 86% of copy, x1.10 vs any
     ("row", "sm90", "fp16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # = bf16
-    ("row", "sm90", "fp16", 128): dict(BLOCK_M=32, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 128): dict(BLOCK_M=8, num_warps=1, num_stages=2, EVICT=True),  # = bf16
     ("row", "sm90", "fp16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = bf16
-    ("row", "sm90", "fp16", 1024): dict(BLOCK_M=4, num_warps=8, num_stages=2, WAVES=0),  # = bf16
+    ("row", "sm90", "fp16", 1024): dict(BLOCK_M=2, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # = bf16
     ("row", "sm90", "fp16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = bf16
     ("row", "sm90", "fp16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # = bf16
     ("row", "sm90", "fp16", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = bf16
     ("row", "sm90", "fp16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # = bf16
-    ("row", "sm90", "fp32", 32): dict(BLOCK_M=128, num_warps=4, num_stages=2),  # = any
-    ("row", "sm90", "fp32", 128): dict(BLOCK_M=32, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 32): dict(BLOCK_M=16, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 262144x32 3925 GB/s = 94% of copy, x1.27 vs any
+    ("row", "sm90", "fp32", 128): dict(BLOCK_M=4, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 65536x128 3924 GB/s = 94% of copy, x1.17 vs any (92 -> fewer registers, 31% -> more occupancy: results/ncu)
     ("row", "sm90", "fp32", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
-    ("row", "sm90", "fp32", 1024): dict(BLOCK_M=2, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # 32768x1024: 2966 GB/s = 100% of copy, x1.10 vs any
+    ("row", "sm90", "fp32", 1024): dict(BLOCK_M=1, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 32768x1024 4157 GB/s = 99% of copy, x1.16 vs any (H100: BLOCK_M=2, 100%)
     ("row", "sm90", "fp32", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
     ("row", "sm90", "fp32", 4096): dict(BLOCK_M=1, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2964 GB/s = 100% of copy, x1.08 vs any
     ("row", "sm90", "fp32", 8192): dict(BLOCK_M=1, num_warps=16, num_stages=2),  # = any
@@ -435,8 +463,10 @@ def cuda_softmax_config(kernel: str, arch_: str, dtype: str, n: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Softmax backend and kernel for backend=None on CUDA (tiled_attn/softmax_select.py, issue 16).
 # ---------------------------------------------------------------------------------------------
-# Key: (arch, dtype, layout, pool); layout "contig" (unit column stride) or "strided"; pool "all"
-# (the CUDA extension can be used) or "triton" (it cannot, or log_softmax, which it lacks).
+# Key: (arch, dtype, layout, pool); arch "sm90" or a GPU model's "sm90:h200" (configs.model_arch:
+# a model's rows come first, its arch's rows for a key it lacks); layout "contig" (unit column
+# stride) or "strided"; pool "all" (the CUDA extension can be used) or "triton" (it cannot, or
+# log_softmax, which it lacks).
 # Value: rows (n_max, m_min, backend, kernel), read in order: the first with N <= n_max and
 # M >= m_min gives the (backend, kernel). A key without rows, or an N past its last row, keeps
 # the choice made before this table (DEFAULT_BACKEND, then that backend's own kernel rule).

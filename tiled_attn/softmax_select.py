@@ -58,7 +58,7 @@ def today(cuda_ok: bool, log: bool = False) -> tuple[str, None]:
 
 def max_n(backend: str, kernel: str, arch: str, dtype) -> float:
     """The longest row `kernel` of `backend` takes for every layout and alignment (inf: any)."""
-    dt = _dtype_key(dtype)
+    dt, arch = _dtype_key(dtype), configs.base_arch(arch)
     if backend == "triton":
         if kernel != "row":
             return _INF
@@ -83,15 +83,17 @@ def _usable(backend: str, cuda_ok: bool, log: bool) -> bool:
 def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
            log: bool = False) -> tuple[str, str | None]:
     """(backend, kernel or None) for a softmax (log_softmax with `log`) over M rows of N columns of
-    `dtype` on a device of `arch` (configs.arch), rows with unit column stride or not
-    (`contiguous`), the CUDA extension usable or not (`cuda_ok`). Deterministic; reads only
+    `dtype` on a device of `arch` (configs.model_arch, e.g. "sm90:h200", or configs.arch), rows
+    with unit column stride or not (`contiguous`), the CUDA extension usable or not (`cuda_ok`). Deterministic; reads only
     configs.SOFTMAX_SELECT and the kernel limits above."""
     dt = _dtype_key(dtype)
     if m * n < configs.SOFTMAX_SELECT_MIN_ELEMS:
         return today(cuda_ok, log)  # smaller than any measured shape (configs.py)
     pools = ("all", "triton") if cuda_ok and not log else ("triton",)
+    archs = tuple(dict.fromkeys((arch, configs.base_arch(arch))))  # the model's rows, then its arch's
     for pool in pools:
-        rows = configs.SOFTMAX_SELECT.get((arch, dt, layout_key(contiguous), pool))
+        rows = next((r for a in archs if (r := configs.SOFTMAX_SELECT.get((a, dt, layout_key(contiguous), pool)))),
+                    None)
         if not rows:
             continue
         for n_max, m_min, backend, kernel in rows:
@@ -120,9 +122,9 @@ def for_tensor(x: torch.Tensor, dim: int, log: bool = False,
 @torch._dynamo.assume_constant_result
 def _select_static(m: int, n: int, dtype: torch.dtype, contiguous: bool, device: torch.device,
                    log: bool) -> tuple[str, str | None]:
-    """select() with the device's arch and whether the CUDA extension is available. Those read
+    """select() with the device's model and arch and whether the CUDA extension is available. Those read
     device properties and the extension's build files, which torch.compile cannot trace: a call
     it traces (static shapes only: tiled_attn/softmax.py _pick) runs this once, eagerly, and keeps
     the result as a constant of the graph, so compiled and eager calls pick the same kernel."""
     from . import cuda
-    return select(m, n, dtype, contiguous, configs.arch(device), cuda.is_available(), log)
+    return select(m, n, dtype, contiguous, configs.model_arch(device), cuda.is_available(), log)

@@ -35,6 +35,7 @@ from .launch import Launch
 from .softmax_backward import softmax_backward_kernel
 from .softmax_backward_split import softmax_backward_dot_kernel, softmax_backward_split_kernel
 from .softmax_online import softmax_online_kernel
+from .softmax_io import vec_width
 from .softmax_row import softmax_row_kernel
 from .softmax_split import softmax_split_normalize_kernel, softmax_split_state_kernel
 from .softmax_split_sync import softmax_split_sync_kernel
@@ -186,6 +187,17 @@ def _split_plan(m: int, n: int, cfg: dict, device: torch.device, arch: str):
     return triton.cdiv(n, chunk), chunk
 
 
+def _vec(x: torch.Tensor, out: torch.Tensor) -> dict:
+    """The VEC constexpr of the row kernel (softmax_row.py), left out where it is 1 (a row that
+    16 divides, or one that nothing packs): those launches stay the kernel without the switch."""
+    m, n = x.shape
+    if not _col_contig(x) or n % 16 == 0 or m == 0:
+        return {}
+    strides = (x.stride(0), out.stride(0)) if m > 1 else ()
+    vec = vec_width(x.element_size(), n, *strides)
+    return {"VEC": vec} if vec > 1 else {}
+
+
 def _launch_options(cfg: dict) -> dict:
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if cfg.get("maxnreg"):
@@ -253,7 +265,7 @@ def _plan_row(x, out, cfg, device, arch, log=False):
     block_n = triton.next_power_of_2(n)
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
                 MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
-                **_log(log), **_launch_options(cfg))
+                **_log(log), **_vec(x, out), **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
     blocks = triton.cdiv(m, cfg["BLOCK_M"])
     waves = cfg.get("WAVES", 1)

@@ -40,6 +40,15 @@ LOG2E = tl.constexpr(online.LOG2E)
 _NONE = tl.constexpr("")
 
 
+def vec_width(esize: int, n: int, *row_strides: int) -> int:
+    """The largest power of two of elements, at most 16 bytes, that divides N and every row stride
+    (host side, for a kernel's VEC: the divisibility Triton's own specialization, by 16, misses)."""
+    vec = max(1, 16 // esize)
+    while vec > 1 and any(v % vec for v in (n, *row_strides)):
+        vec //= 2
+    return vec
+
+
 @triton.jit
 def row_base(ptr, rows, stride_m):
     """[BLOCK_M] pointers to the first element of each row, offset in int64."""

@@ -12,6 +12,10 @@ does this for loads that feed no dot; the launch option alone does not), so a pr
 in flight through its own reductions instead of relying on other programs on the SM.
 Wins while a row fits in registers (up to 32K columns: see configs.py).
 LOG writes log-softmax instead (online.normalize), in this kernel and every other forward kernel.
+VEC > 1 tells the compiler what the wrapper checked: N and both row strides are multiples of VEC
+(softmax_io.vec_width). Triton specializes an integer argument only on divisibility by 16, so a row
+of 88 fp32 columns (352 bytes, 16-byte aligned) read as scalar 4-byte loads: with VEC = 4 the column
+mask holds over groups of 4 and the loads pack into 16 bytes again.
 """
 import triton
 import triton.language as tl
@@ -24,8 +28,12 @@ from .softmax_io import LOG2E, load_tile, row_base, store_tile
 def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_CONTIG: tl.constexpr,
                        MASK_N: tl.constexpr, STAGES: tl.constexpr = 1, LAST: tl.constexpr = "",
-                       STORE: tl.constexpr = "", LOG: tl.constexpr = False):
+                       STORE: tl.constexpr = "", LOG: tl.constexpr = False, VEC: tl.constexpr = 1):
     ACC: tl.constexpr = x_ptr.dtype.element_ty == tl.float32  # online.py: float32's accurate verbs
+    if VEC > 1:  # the same values, now of known divisibility (a multiply by VEC) for the packing
+        N = (N // VEC) * VEC
+        stride_xm = (stride_xm // VEC) * VEC
+        stride_ym = (stride_ym // VEC) * VEC
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
