@@ -46,6 +46,7 @@ SOFTMAX_KERNELS = ("row", "online", "split")
 # Rows of any length (DESIGN §3: billions of columns on the default backend): column indices are
 # int64 on rows of _INT64_N columns or more, int32 below (softmax_io.py says how).
 _INT64_N = 2**31  # Triton passes an integer argument of this value or more as an int64
+_ROW_MIN_CLASS = 32  # the narrowest "row" size class in configs.TRITON_SOFTMAX (GPU rows)
 # The float32 log-softmax backward takes e^y in float64 per element (softmax_backward.py): in one
 # tile of 16384 columns (32 warps, 64 registers a thread) that spilled 56 bytes on sm_90a, so its
 # rows past 8192 columns take the looped backward.
@@ -263,11 +264,15 @@ def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None, log:
 def _plan_row(x, out, cfg, device, arch, log=False):
     m, n = x.shape
     block_n = triton.next_power_of_2(n)
-    meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
+    # Rows narrower than the smallest measured class keep its tile's elements: BLOCK_M rows of 1
+    # column would give a program one element a warp (the H200's random-shape sweep, 2026-11-26:
+    # 5597494x1 fp32 at 0.10x torch.softmax with the 32-column class's 16 rows).
+    block_m = cfg["BLOCK_M"] * max(1, _ROW_MIN_CLASS // block_n)
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
                 MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
                 **_log(log), **_vec(x, out), **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
-    blocks = triton.cdiv(m, cfg["BLOCK_M"])
+    blocks = triton.cdiv(m, block_m)
     waves = cfg.get("WAVES", 1)
     if waves:  # a persistent grid of `waves` × what fits on the GPU at once
         with _device_guard(device):

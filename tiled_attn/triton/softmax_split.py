@@ -31,7 +31,9 @@ def _chunk(lin, S, M, N, CHUNK, BLOCK_M: tl.constexpr):
     return s, rows, rows < M, start, stop
 
 
-@triton.jit
+# N stays a runtime integer: Triton turns an argument equal to 1 into a constant, which has no
+# .dtype for the column type below, and kernel="split" takes rows of one column (H200 tests).
+@triton.jit(do_not_specialize=["N"])
 def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, CHUNK, S,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                COL_CONTIG: tl.constexpr, STAGES: tl.constexpr = 1,
@@ -58,7 +60,9 @@ def softmax_split_state_kernel(x_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn, 
     tl.store(l_ptr + state, l, mask=row_mask)
 
 
-@triton.jit
+# N stays a runtime integer: Triton turns an argument equal to 1 into a constant, which has no
+# .dtype for the column type below, and kernel="split" takes rows of one column (H200 tests).
+@triton.jit(do_not_specialize=["N"])
 def softmax_split_normalize_kernel(x_ptr, y_ptr, m_ptr, l_ptr, M, N, stride_xm, stride_xn,
                                    stride_ym, CHUNK, S, BLOCK_M: tl.constexpr,
                                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,

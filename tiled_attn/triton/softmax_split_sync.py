@@ -40,7 +40,9 @@ from .online import identity, merge_many, normalize, update
 from .softmax_io import LOG2E, load_tile, row_base, store_tile
 
 
-@triton.jit
+# N stays a runtime integer: Triton turns an argument equal to 1 into a constant, which has no
+# .dtype for the column type below, and kernel="split" takes rows of one column (H200 tests).
+@triton.jit(do_not_specialize=["N"])
 def softmax_split_sync_kernel(x_ptr, y_ptr, m_ptr, l_ptr, count_ptr, fail_ptr, M, N, stride_xm,
                               stride_xn, stride_ym, S, CHUNK, MAX_SPIN, BLOCK_N: tl.constexpr,
                               BLOCK_S: tl.constexpr, COL_CONTIG: tl.constexpr,
