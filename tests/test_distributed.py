@@ -27,20 +27,28 @@ of that size and writes its results to a file; the checks then run here, in the 
   float64, return_lse with lse's gradient, N/world not a power of two (5, 6, 10), D = 40, 24, 16,
   cross attention (Nq != Nk, not causal), both strategies and the size rule's choice, the no-grad
   forward, and peaked scores (q, k of std 6: partials whose lse differ by tens).
+  * world 2 compiled (fixture run2_compiled, ~10-15 s: each rank compiles every case): a function
+    around the call under torch.compile(fullgraph=True, aot_eager), forward and backward, for
+    compile_cases() (the ring: causal zigzag GQA with lse in float32 and bfloat16, causal contiguous
+    GQA; the all-gather: causal zigzag GQA with lse), checked under the rule as above, against the
+    eager call (forward bit for bit) and for the collectives its graphs hold; and arguments that
+    disagree across ranks under compile (every rank raises).
 In this process (world size 1, a gloo group on a HashStore): torch.compile over a function around
-the call (backend aot_eager: eager results and gradients; fullgraph=True refuses the graph break), the device
-checks per backend (pure), no process group, the blocks' coverage and balance (pure).
-GPU (skipped without CUDA; each test spawns its own processes, < 60 s):
+the call (fullgraph=True, aot_eager, both strategies: one graph and zero breaks by
+torch._dynamo.explain, eager's loss and gradients bit for bit; bad input raises), the device checks
+per backend (pure), no process group, the blocks' coverage and balance (pure).
+GPU (skipped without CUDA; each test spawns its own processes, < 60 s, the compiled one longer):
   python -m pytest -q tests/test_distributed.py -m gpu
   * NCCL at world size 1, one process: bfloat16 and float16 on the Triton kernels (ring and all-gather).
   * two ranks sharing one GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected"), so a
     gloo group with every transfer staged through CPU copies (distributed._STAGE_THROUGH_CPU, a test
-    aid); the compute is the GPU's.
+    aid); the compute is the GPU's. Eager, and compiled with Inductor (fullgraph=True).
 """
 from __future__ import annotations
 
 import datetime
 import math
+import re
 import socket
 import time
 from pathlib import Path
@@ -119,19 +127,92 @@ def cases(world: int) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # what a rank runs
 # ------------------------------------------------------------------------------------------------
-def _run_case(c: dict, rank: int, world: int, device: str, group=None) -> dict:
+def _run_case(c: dict, rank: int, world: int, device: str, group=None, call=None) -> dict:
+    """`call`: a compiled function of (q, k, v) around the call, instead of the eager call."""
     def mine(t):
         return _shard(t, c["layout"], world, rank).to(device)
     q, k, v = (mine(c[x]).requires_grad_(c["grad"]) for x in "qkv")
-    res = D.context_parallel_attention(q, k, v, group=group, causal=c["causal"], layout=c["layout"],
-                                       return_lse=c["lse"], strategy=c["strategy"])
+    if call is None:
+        res = D.context_parallel_attention(q, k, v, group=group, causal=c["causal"], layout=c["layout"],
+                                           return_lse=c["lse"], strategy=c["strategy"])
+    else:
+        res = call(q, k, v)
     out, lse = res if c["lse"] else (res, None)
-    plan = D._plan_for(q, k, v, group, c["causal"], None, c["layout"], c["lse"], c["strategy"], c["grad"])  # a hit
-    got = dict(out=out.detach().cpu(), lse=None if lse is None else lse.detach().cpu(), allgather=plan.allgather)
+    got = dict(out=out.detach().cpu(), lse=None if lse is None else lse.detach().cpu())
+    if call is None:
+        plan = D._plan_for(q, k, v, group, c["causal"], None, c["layout"], c["lse"], c["strategy"], c["grad"])  # a hit
+        got["allgather"] = plan.allgather
     if c["grad"]:
         loss = (out * mine(c["go"])).sum() + ((lse * mine(c["gl"])).sum() if lse is not None else 0)
         loss.backward()
         got.update(dq=q.grad.cpu(), dk=k.grad.cpu(), dv=v.grad.cpu())
+    return got
+
+
+def _recording_backend():
+    """aot_eager that keeps, per forward and backward graph it compiles, the names of its ops and,
+    under "fw_comm"/"bw_comm", its collectives with the dtype they carry."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = {"fw": [], "bw": [], "fw_comm": [], "bw_comm": []}
+
+    def keep(kind):
+        def compiler(gm, example_inputs):
+            calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+            graphs[kind].append([str(n.target) for n in calls])
+            graphs[kind + "_comm"].append([(str(n.target), str(n.meta["val"].dtype)) for n in calls
+                                           if str(n.target).startswith("_c10d_functional.")
+                                           and "wait" not in str(n.target)])
+            return make_boxed_func(gm.forward)
+        return compiler
+    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), graphs
+
+
+def _run_compiled(c: dict, rank: int, world: int, device: str = "cpu", backend: str | None = None) -> dict:
+    """Case c through torch.compile(fullgraph=True) of a function around the call, forward and
+    backward, twice (the second call reuses the graphs: the cross-rank check must not run again),
+    then eagerly: the results, the ops of the compiled graphs, how often the check ran. backend:
+    aot_eager recording the graphs (None), or a named one (no graphs recorded)."""
+    def fn(q, k, v):
+        return D.context_parallel_attention(q, k, v, causal=c["causal"], layout=c["layout"], return_lse=c["lse"],
+                                            strategy=c["strategy"])
+    graphs: dict = {}
+    if backend is None:
+        backend, graphs = _recording_backend()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    count, agree = [0], D._agree
+
+    def counting(*args):
+        count[0] += 1
+        return agree(*args)
+    D._agree = counting
+    try:
+        runs = [_run_case(c, rank, world, device, call=compiled) for _ in range(2)]
+    finally:
+        D._agree = agree
+    return dict(compiled=runs[0], again=runs[1], eager=_run_case(c, rank, world, device), graphs=graphs,
+                checks=count[0])
+
+
+def _compiled_errors(rank: int) -> dict:
+    """Arguments that disagree across ranks, under torch.compile: (type, message) per case."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (randn((1, 2, 4, 8), torch.float32, "cpu", gen) for _ in range(3))
+    calls = {
+        "causal differs": lambda: torch.compile(
+            lambda q, k, v: D.context_parallel_attention(q, k, v, causal=rank == 0), backend="eager",
+            fullgraph=True)(q, k, v),
+        "compiled on rank 0 only": lambda: (
+            torch.compile(D.context_parallel_attention, backend="eager", fullgraph=True) if rank == 0
+            else D.context_parallel_attention)(q, k, v, causal=True),
+    }
+    got = {}
+    for name, call in calls.items():
+        try:
+            call()
+            got[name] = ("no error", "")
+        except Exception as err:  # noqa: BLE001 -- the parent checks the type and the message
+            got[name] = (type(err).__name__, str(err))
     return got
 
 
@@ -221,6 +302,11 @@ def _worker(rank: int, world: int, port: int, spec_path: str) -> None:
             got["checks"] = _signature_checks(rank, world)
             got["events"] = _ring_events(rank, world)
         got["cases"] = [_run_case(c, rank, world, device) for c in spec["cases"]]
+        if spec.get("compiled"):
+            if device == "cpu":
+                got["compiled_errors"] = _compiled_errors(rank)
+            got["compiled"] = [_run_compiled(c, rank, world, device, spec.get("compile_backend"))
+                               for c in spec["compiled"]]
         if spec.get("subgroups"):
             groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
             group = groups[rank % 2]
@@ -236,19 +322,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(world: int, spec: dict, tmp: Path) -> list[dict]:
+def spawn(world: int, spec: dict, tmp: Path, timeout: float = SPAWN_TIMEOUT_S) -> list[dict]:
     """Run _worker on `world` fresh processes; their results by rank. A rank that fails or a group
-    that hangs past SPAWN_TIMEOUT_S fails the test (the processes are ended)."""
+    that hangs past `timeout` seconds fails the test (the processes are ended)."""
     tmp.mkdir(parents=True, exist_ok=True)
     spec_path = tmp / "spec.pt"
     torch.save(spec, spec_path)
     ctx = mp.start_processes(_worker, args=(world, _free_port(), str(spec_path)), nprocs=world, join=False,
                              start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
-                raise AssertionError(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s (a hang)")
+                raise AssertionError(f"the {world} ranks did not finish in {timeout} s (a hang)")
     finally:
         for p in ctx.processes:
             if p.is_alive():
@@ -363,6 +449,78 @@ def test_subgroups(run4):
     for g, members in enumerate(([0, 2], [1, 3])):
         for i, c in enumerate(sub[g]):
             check(c, [run4[r]["sub"][i] for r in members], 2)
+
+
+def compile_cases(world: int) -> list[dict]:
+    """Few: every spawned rank compiles each (~2-3 s a case on 2 cores)."""
+    return [
+        _case("compiled-causal-zigzag-gqa-lse", world, causal=True, layout="zigzag", heads=(4, 2), lse=True),
+        _case("compiled-causal-zigzag-gqa-allgather-lse", world, causal=True, layout="zigzag", heads=(4, 2),
+              lse=True, strategy="allgather"),
+        _case("compiled-causal-contiguous-gqa", world, causal=True, layout="contiguous", heads=(4, 2), n=5, d=16,
+              b=2),
+        _case("compiled-causal-zigzag-gqa-bf16-lse", world, causal=True, layout="zigzag", heads=(4, 2), n=8, d=16,
+              dtype=torch.bfloat16, lse=True),
+    ]
+
+
+@pytest.fixture(scope="module")
+def run2_compiled(tmp_path_factory):
+    return spawn(2, dict(cases=[], compiled=compile_cases(2)), tmp_path_factory.mktemp("world2-compiled"))
+
+
+# The collectives a compiled call's graphs must hold (forward, backward): the ring's shift and its
+# reverse, or the all-gather and its reduce-scatter. Their presence shows the call was traced, not
+# run eagerly beside the graph; fullgraph=True already fails on any graph break.
+_COLLECTIVES = {"ring": ("_c10d_functional.all_to_all_single.default",) * 2,
+                "allgather": ("_c10d_functional.all_gather_into_tensor.default",
+                              "_c10d_functional.reduce_scatter_tensor.default")}
+
+
+@pytest.mark.parametrize("i", range(len(compile_cases(2))), ids=[c["name"] for c in compile_cases(2)])
+def test_world_2_compiled(run2_compiled, i):
+    """torch.compile(fullgraph=True, aot_eager) around the call on 2 ranks: one forward and one
+    backward graph holding the collectives and our attention ops; results under the rule against the
+    whole sequence in float64, and against the eager call: the forward bit for bit (the same
+    ta.attention calls and merges in the same order), the gradients by the rule (autograd through
+    the pieces, not the eager ring backward); a second compiled call reuses the graphs (the
+    cross-rank check ran once) and repeats the first bit for bit."""
+    c = compile_cases(2)[i]
+    got = [r["compiled"][i] for r in run2_compiled]
+    check(c, [g["compiled"] for g in got], 2)
+    for rank, g in enumerate(got):
+        assert g["checks"] == 1, (rank, g["checks"])
+        assert [len(g["graphs"]["fw"]), len(g["graphs"]["bw"])] == [1, 1], (rank, g["graphs"])
+        (fw,), (bw,) = g["graphs"]["fw"], g["graphs"]["bw"]
+        # one transfer per ring step (world - 1) or one gather, each reversed in the backward; for
+        # 16-bit inputs they carry float32, so that the K/V gradients are summed in float32
+        send, back = _COLLECTIVES[c["strategy"]]
+        carried = str(torch.float32 if c["dtype"] != torch.float64 else torch.float64)
+        assert g["graphs"]["fw_comm"] == [[(send, carried)]] and g["graphs"]["bw_comm"] == [[(back, carried)]], (
+            rank, g["graphs"]["fw_comm"], g["graphs"]["bw_comm"])
+        assert "tiled_attn.attention_fwd.default" in fw and "tiled_attn.attention_bwd.default" in bw, (fw, bw)
+        for name in ("out", "lse", "dq", "dk", "dv"):
+            if g["compiled"].get(name) is None:
+                assert g["eager"].get(name) is None, (rank, name)
+                continue
+            assert torch.equal(g["again"][name], g["compiled"][name]), (rank, name)
+            assert not g["compiled"][name].isnan().any(), (rank, name)
+        for name in ("out", "lse"):
+            if g["compiled"][name] is not None:
+                assert torch.equal(g["compiled"][name], g["eager"][name]), (rank, name)
+
+
+def test_compiled_disagreement_raises_on_every_rank(run2_compiled):
+    """The cross-rank check of a compiled call (at trace time): arguments that differ across ranks,
+    or one rank compiling while another calls eagerly, raise on every rank; under fullgraph=True
+    Dynamo lets no exception leave the graph, so ours arrives inside its Unsupported."""
+    mixed = "whether the call is compiled (torch.compile) or eager must be the same on every rank"
+    want = {"causal differs": [("Unsupported", "causal must be the same on every rank")] * 2,
+            "compiled on rank 0 only": [("Unsupported", mixed), ("ValueError", mixed)]}
+    for name, per_rank in want.items():
+        for rank, (kind, words) in enumerate(per_rank):
+            got = run2_compiled[rank]["compiled_errors"][name]
+            assert got[0] == kind and words in got[1], (name, rank, got)
 
 
 def test_strategy_rule(run2):
@@ -488,25 +646,50 @@ def test_world_size_1(world1, strategy):
         check(c, [_run_case(c, 0, 1, "cpu")], 1)
 
 
-def test_torch_compile_world_size_1(world1):
-    """torch.compile over a function around the call: the call is a graph break (it runs eagerly;
-    fullgraph=True raises), the code after it is compiled, the results and gradients are eager's."""
+@pytest.mark.parametrize("strategy", D.STRATEGIES)
+def test_torch_compile_world_size_1(world1, strategy):
+    """torch.compile(fullgraph=True, aot_eager) over a function around the call: zero graph breaks
+    (torch._dynamo.explain: one graph), our attention ops in the forward and backward graphs (the call
+    was traced, not run beside the graph), and the loss and gradients of eager's, bit for bit (at
+    world size 1 both run the same ta.attention forward and backward on the same tensors)."""
     c = cases(1)[0]
 
     def fn(q, k, v):
-        out, lse = ta.distributed.context_parallel_attention(q, k, v, causal=True, return_lse=True)
+        out, lse = ta.distributed.context_parallel_attention(q, k, v, causal=True, return_lse=True,
+                                                             strategy=strategy)
         return (out * 2).sum() + lse.exp().sum()
 
+    backend, graphs = _recording_backend()
     got = []
-    for f in (fn, torch.compile(fn, backend="aot_eager")):
+    for f in (fn, torch.compile(fn, backend=backend, fullgraph=True)):
         q, k, v = (c[x].clone().requires_grad_() for x in "qkv")
         loss = f(q, k, v)
         got.append((loss.detach(),) + torch.autograd.grad(loss, (q, k, v)))
     for a, b in zip(*got):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert not b.isnan().any()
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+    assert [len(graphs["fw"]), len(graphs["bw"])] == [1, 1], graphs
+    assert "tiled_attn.attention_fwd.default" in graphs["fw"][0]
+    assert "tiled_attn.attention_bwd.default" in graphs["bw"][0]
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="torch.compiler.disable"):
-        torch.compile(fn, backend="aot_eager", fullgraph=True)(*(c[x] for x in "qkv"))
+    explained = torch._dynamo.explain(fn)(*(c[x].clone().requires_grad_() for x in "qkv"))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_torch_compile_bad_input_world_size_1(world1):
+    """Bad arguments under torch.compile: without fullgraph, Dynamo runs the call eagerly and our own
+    error arrives; with fullgraph=True, Dynamo lets no exception leave the graph: ours is inside its
+    Unsupported."""
+    q = torch.zeros(1, 2, 5, 8)
+    odd = "layout='zigzag' holds two equal chunks per rank, so q's local sequence length must be even, got 5"
+
+    def fn(q):
+        return ta.distributed.context_parallel_attention(q, q, q, causal=True)
+    with pytest.raises(ValueError, match=re.escape(odd)):
+        torch.compile(fn, backend="eager")(q)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(odd)):
+        torch.compile(fn, backend="eager", fullgraph=True)(q)
 
 
 def test_import_tiled_attn_initializes_nothing():
@@ -539,6 +722,27 @@ def test_gpu_nccl_world_size_1(tmp_path):
     got = spawn(1, dict(cases=gpu_cases(1), device="cuda", backend="nccl"), tmp_path)
     for i, c in enumerate(gpu_cases(1)):
         check(c, [got[0]["cases"][i]], 1, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_compiled_two_ranks_share_one_gpu(tmp_path):
+    """torch.compile(fullgraph=True) with Inductor on the GPU, two ranks on cuda:0 (gloo, transfers
+    staged through the CPU as in the eager test): the rule, a second call repeating the first's
+    forward bit for bit (the Triton dQ may use atomics: its last bits vary), the cross-rank check
+    run once per rank."""
+    cs = gpu_cases(2)[::2]  # the ring and the all-gather, bf16, GQA, causal zigzag
+    got = spawn(2, dict(cases=[], compiled=cs, device="cuda", backend="gloo", staged=True,
+                        compile_backend="inductor"), tmp_path, timeout=300)  # Inductor compiles in each rank
+    for i, c in enumerate(cs):
+        check(c, [r["compiled"][i]["compiled"] for r in got], 2, "cuda")
+        check(c, [r["compiled"][i]["eager"] for r in got], 2, "cuda")
+        for r in got:
+            g = r["compiled"][i]
+            assert g["checks"] == 1
+            for name in ("out", "lse"):
+                if g["compiled"].get(name) is not None:
+                    assert torch.equal(g["again"][name], g["compiled"][name]), name
 
 
 @pytest.mark.gpu

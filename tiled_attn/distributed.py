@@ -63,22 +63,70 @@ Checks (DESIGN §5). Everything ta.attention checks, plus: an initialized proces
 the default one; else a ProcessGroup this rank belongs to), a known layout and strategy, even local
 lengths for zigzag, q and k shards of one length when causal, and tensors the group's backend can
 carry (NCCL: CUDA tensors; gloo: CPU tensors: its send/recv read CUDA memory as host memory). Every
-rank's shard shapes, dtype, causal, layout, strategy, scale and whether a gradient is needed must
-agree: checked ONCE per call signature with one small all_gather of an integer descriptor, cached
-(_SIGNATURES, a _plan.PlanCache), never per call. A rank whose own arguments are invalid still takes
-part in that all_gather (it sends a "rejected" row), so every rank raises instead of one rank raising
-and the others waiting in the ring forever. (_SIGNATURES is left out of _plan.clear_all: clearing it
+rank's shard shapes, dtype, causal, layout, strategy, scale, whether a gradient is needed and
+whether the call is compiled must agree: checked ONCE per call signature with one small all_gather
+of an integer descriptor, cached (_SIGNATURES, a _plan.PlanCache), never per call (a compiled call:
+once per compiled graph, below). A rank whose own arguments are invalid still takes part in that
+all_gather (it sends a "rejected" row), so every rank raises instead of one rank raising and the
+others waiting in the ring forever. (_SIGNATURES is left out of _plan.clear_all: clearing it
 on one rank only would send that rank alone into the check's collective.)
 
-torch.compile. The entry is _plan.eager_only (torch.compiler.disable for traced calls only, as the
-package's other eager-only entries): under torch.compile a call is a graph break
-and runs eagerly (its local ta.attention calls included); the code around it compiles, and
-fullgraph=True refuses it ("Skip calling `torch.compiler.disable()`d function"). Dynamo cannot trace
-P2P ops (batch_isend_irecv has no functional-collective form) nor a graph break inside an
-autograd.Function, so a traced ring would fall back to eager anyway; the local compute on its own
-(ta.attention) is traceable. Verified on the CPU at world size 1, torch 2.13
-(tests/test_distributed.py): a compiled function around the call (backend "aot_eager") gives the
-eager result and gradients bit for bit, and fullgraph=True raises torch._dynamo.exc.Unsupported.
+torch.compile. A traced call (torch.compiler.is_compiling()) takes _traced_call, which Dynamo
+traces whole: no graph break, fullgraph=True compiles it. What differs from the eager path, and why:
+- Checks. _validate runs as traced Python (on the specialized shapes it folds away). The cross-rank
+  agreement cannot run in the graph: its verdict is data on the device, and raising on it would take
+  a host read (a graph break) or a device assert (a CUDA crash, not an error). So it runs while
+  Dynamo traces: _agree_at_trace is torch._dynamo.assume_constant_result, which Dynamo calls for
+  real, once per compiled graph, making its answer (None, or the error) a constant of the graph; it
+  is the eager _agree, before any collective of the call. Each shard size is specialized
+  (operator.index: a guard) so the check holds for the graph's one shape; a new shape recompiles
+  and checks again (automatic dynamic shapes do not apply to these sizes, and a size marked with
+  torch._dynamo.mark_dynamic is refused: Dynamo's ConstraintViolationError). Being a collective at
+  trace time, it needs every rank to compile the same graphs at the same points (SPMD: the same
+  code, shapes, strides and grad mode), as torch._dynamo.config.enable_compiler_collectives does;
+  a graph loaded without tracing (torch._dynamo.config.caching_precompile) skips it. A rank
+  compiling while another calls eagerly fails the check (the descriptor's last field), since their
+  transfers would never pair. A bad argument raises on every rank: without fullgraph our own error
+  (Dynamo runs the call eagerly); with fullgraph=True inside Dynamo's Unsupported ("Observed
+  exception": Dynamo lets no exception leave a fullgraph region).
+- Transfers: torch's functional collectives, which Dynamo traces and which have autograd forms. A
+  ring step is one all_to_all_single_autograd whose only non-empty splits send to the next rank and
+  receive from the previous (dist.batch_isend_irecv has a traced form in torch 2.13, the functional
+  batch_p2p_ops, but no autograd one); its backward is the reverse shift, so dK/dV travel back to
+  their owners hop by hop, autograd adding each step's own gradient to the one arriving. The
+  all-gather is all_gather_single_autograd (all_gather_tensor_autograd before torch 2.13), whose
+  backward reduce-scatters the gradients.
+- Compute: the eager ring's ta.attention(..., return_lse=True) calls and
+  reference.merge_attention_outputs merges, in the same order, written without in-place writes
+  (slice_scatter); the gradients are autograd's through them (ta.attention's traced op has its
+  tiled backward), not the eager ring backward. Every rank must use every collective's result: one
+  it leaves unused is dead code to the compiler there, and autograd never runs its backward there,
+  while the other ranks wait in it. So a ring step without a block (contiguous causal: a later
+  rank's keys) attends to none of them instead (no rows, an exact no-op).
+- Cost. With a gradient, autograd keeps every step's K/V for the backward: the whole sequence's
+  K/V per rank, as the all-gather holds (the eager backward runs the ring again instead). Autograd
+  gives a gradient its tensor's dtype, so for 16-bit inputs K/V travel in float32 when they need a
+  gradient (twice the forward's bytes) and q is cast per block from a float32 copy: the gradients
+  are then summed in float32 at every hop and step, as the eager backward sums them. Under
+  aot_eager a transfer is waited for right after it is posted (no overlap); Inductor may move the
+  wait (torch._inductor.config.reorder_for_compute_comm_overlap, off by default; not measured).
+- Results. Under aot_eager the forward (out, lse) is the eager forward bit for bit (the same
+  kernels in the same order; the merges' arithmetic is the same); Inductor may fuse the merges, so
+  there DESIGN §4's rule holds, not bit equality. The all-gather's gradients are eager's bit for
+  bit (the same backward kernels and reduce-scatter); the ring's hold to the rule (a different
+  split of the same sums: within 1e-6 of eager's in float32, world sizes 2 and 4).
+Verified on the CPU, torch 2.13, gloo (tests/test_distributed.py), at world size 1 (both
+strategies: torch._dynamo.explain counts one graph and zero breaks; the forward and backward graphs
+hold our attention ops; loss and gradients are eager's bit for bit; bad input raises) and on 2 ranks
+(the ring: causal zigzag with GQA and return_lse in float32 and in bfloat16, causal contiguous with
+GQA; the all-gather: causal zigzag with GQA and return_lse): fullgraph=True; one forward and one
+backward graph, holding the shift and its reverse or the gather and its reduce-scatter, in float32
+for bf16 inputs; the rule against the whole sequence in float64; the forward bit for bit eager's;
+the check ran once per rank; arguments that differ across ranks, or compiling on one rank only,
+raise on both. By hand, not in CI: world size 4 under aot_eager (the three float32 cases: the same
+findings), and Inductor (CPU, C++ codegen) at world sizes 2 and 4 (the four cases, the rule; the
+forward within 2.4e-7 of eager's). The GPU test (Inductor, two ranks sharing one GPU) is written but
+has not run.
 
 Verified where: on the CPU with gloo at world sizes 1, 2 and 4, including a subgroup, against the
 float64 reference of the whole sequence under DESIGN §4's rule, forward and backward
@@ -89,11 +137,13 @@ kernels, ring and all-gather, forward and backward); the benchmark needs ≥ 2 G
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from . import _checks, _plan, reference
 from .attention import _NoDoubleBackward, _backward_impl, _default_backend, attention
@@ -180,6 +230,12 @@ def _chunks(layout: str, world: int, rank: int) -> list[int]:
     return [rank, 2 * world - 1 - rank] if layout == "zigzag" else [rank]
 
 
+def _owners(layout: str, world: int) -> list[tuple[int, int]]:
+    """Global chunk g lives on rank owners[g][0] at its local chunk owners[g][1]."""
+    return [o for _, o in sorted((g, (j, a)) for j in range(world)
+                                 for a, g in enumerate(_chunks(layout, world, j)))]
+
+
 def _blocks(q_chunks: list[int], k_chunks: list[int], nq: int, nk: int, causal: bool) -> list[_Block]:
     """The calls that attend queries of `q_chunks` to keys of `k_chunks`."""
     if not causal:
@@ -201,6 +257,12 @@ def _blocks(q_chunks: list[int], k_chunks: list[int], nq: int, nk: int, causal: 
         else:
             blocks.append(_Block(slice(a * c, (a + 1) * c), keys, False))
     return blocks
+
+
+def _steps(layout: str, world: int, rank: int, nq: int, nk: int, causal: bool) -> list[list[_Block]]:
+    """steps[t]: the blocks for the K/V of rank − t."""
+    mine = _chunks(layout, world, rank)
+    return [_blocks(mine, _chunks(layout, world, (rank - t) % world), nq, nk, causal) for t in range(world)]
 
 
 class _Pending:
@@ -277,12 +339,8 @@ class _Plan:
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         nq, nk = q.shape[2], k.shape[2]
         self.chunks = _chunks(layout, self.world, self.rank)
-        self.steps = [_blocks(self.chunks, _chunks(layout, self.world, (self.rank - t) % self.world), nq, nk,
-                              causal) for t in range(self.world)]
-        # global chunk g lives on rank owners[g][0] at local chunk owners[g][1]
-        self.owners = sorted(((g, (j, a)) for j in range(self.world)
-                              for a, g in enumerate(_chunks(layout, self.world, j))))
-        self.owners = [o for _, o in self.owners]
+        self.steps = _steps(layout, self.world, self.rank, nq, nk, causal)
+        self.owners = _owners(layout, self.world)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,18 +419,19 @@ class _RingAttention(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 # the all-gather variant
 # ------------------------------------------------------------------------------------------------
-def _to_global(plan: _Plan, shards: torch.Tensor) -> torch.Tensor:
-    """(world, ..., N/world, D) shards by rank -> (..., N, D) in the global sequence's order."""
-    c = shards.shape[-2] // len(plan.chunks)
-    return torch.cat([shards[j, ..., a * c:(a + 1) * c, :] for j, a in plan.owners], dim=-2)
+def _to_global(owners, per: int, shards: torch.Tensor) -> torch.Tensor:
+    """(world, ..., N/world, D) shards by rank, `per` chunks each -> (..., N, D) in the global
+    sequence's order (owners: _owners)."""
+    c = shards.shape[-2] // per
+    return torch.cat([shards[j, ..., a * c:(a + 1) * c, :] for j, a in owners], dim=-2)
 
 
-def _to_shards(plan: _Plan, full: torch.Tensor) -> torch.Tensor:
+def _to_shards(owners, per: int, full: torch.Tensor) -> torch.Tensor:
     """_to_global's inverse: (..., N, D) -> (world, ..., N/world, D)."""
-    c = full.shape[-2] // len(plan.owners)
-    pieces = {o: full[..., g * c:(g + 1) * c, :] for g, o in enumerate(plan.owners)}
-    return torch.stack([torch.cat([pieces[(j, a)] for a in range(len(plan.chunks))], dim=-2)
-                        for j in range(plan.world)])
+    c = full.shape[-2] // len(owners)
+    pieces = {o: full[..., g * c:(g + 1) * c, :] for g, o in enumerate(owners)}
+    return torch.stack([torch.cat([pieces[(j, a)] for a in range(per)], dim=-2)
+                        for j in range(len(owners) // per)])
 
 
 class _GatherKV(torch.autograd.Function):
@@ -382,26 +441,31 @@ class _GatherKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k, v, plan):
         ctx.plan, ctx.dtype = plan, k.dtype
-        full = _to_global(plan, plan.comm.all_gather(torch.stack((k, v))))
+        full = _to_global(plan.owners, len(plan.chunks), plan.comm.all_gather(torch.stack((k, v))))
         return full[0], full[1]
 
     @staticmethod
     def backward(ctx, dk, dv):
         plan = ctx.plan  # (autograd materializes a missing gradient as zeros)
-        parts = _to_shards(plan, torch.stack((dk, dv)).to(plan.acc_dtype))
+        parts = _to_shards(plan.owners, len(plan.chunks), torch.stack((dk, dv)).to(plan.acc_dtype))
         mine = plan.comm.reduce_scatter(parts)
         return mine[0].to(ctx.dtype), mine[1].to(ctx.dtype), None
 
 
 def _allgather_attention(plan: _Plan, q, k, v, return_lse: bool):
     kf, vf = _GatherKV.apply(k, v, plan)
-    if not plan.causal:
-        res = attention(q, kf, vf, scale=plan.scale, return_lse=return_lse)
+    return _attend_gathered(q, kf, vf, plan.causal, plan.scale, plan.chunks, return_lse)
+
+
+def _attend_gathered(q, kf, vf, causal: bool, scale: float, chunks: list[int], return_lse: bool):
+    """This rank's queries against the whole sequence's K/V: (out, lse or None)."""
+    if not causal:
+        res = attention(q, kf, vf, scale=scale, return_lse=return_lse)
         return res if return_lse else (res, None)
-    c = q.shape[2] // len(plan.chunks)
+    c = q.shape[2] // len(chunks)
     # query chunk g sees the sequence's first (g + 1)·c keys, its own chunk's causally: bottom-right
     parts = [attention(q[:, :, a * c:(a + 1) * c], kf[:, :, :(g + 1) * c], vf[:, :, :(g + 1) * c], causal=True,
-                       scale=plan.scale, return_lse=return_lse) for a, g in enumerate(plan.chunks)]
+                       scale=scale, return_lse=return_lse) for a, g in enumerate(chunks)]
     if not return_lse:
         return torch.cat(parts, dim=2), None
     return torch.cat([o for o, _ in parts], dim=2), torch.cat([l for _, l in parts], dim=2)
@@ -431,7 +495,11 @@ def _validate(q, k, v, causal, scale, layout, return_lse, strategy) -> float:
                 raise ValueError(f"layout='zigzag' holds two equal chunks per rank, so {name}'s local "
                                  f"sequence length must be even, got {n} (pad the sequence to a multiple "
                                  "of 2·world, or use layout='contiguous')")
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _scale(q.shape[-1], scale)
+
+
+def _scale(d: int, scale) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
 # The descriptor's fields: (what must agree, its slice of the row, how to show it).
@@ -444,14 +512,18 @@ _FIELDS = (
     ("strategy", slice(12, 13), lambda r: ((None,) + STRATEGIES)[r[0]]),
     ("scale", slice(13, 14), lambda r: struct.unpack("<d", struct.pack("<q", r[0]))[0]),
     ("whether a gradient is needed (every rank must run the backward ring)", slice(14, 15), lambda r: bool(r[0])),
+    # the compiled call's transfers are collectives, the eager ring's P2P: mixed, they would never pair up
+    ("whether the call is compiled (torch.compile) or eager", slice(15, 16),
+     lambda r: "compiled" if r[0] else "eager"),
 )
-_ROW = 15
+_ROW = 16
 
 
-def _descriptor(q, k, causal, scale: float, layout, strategy, needs_grad: bool) -> list[int]:
-    return [1, *q.shape, *k.shape, _DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
+def _descriptor(q_shape, k_shape, dtype, causal, scale: float, layout, strategy, needs_grad: bool,
+                traced: bool = False) -> list[int]:
+    return [1, *q_shape, *k_shape, _DTYPES.index(dtype), int(causal), LAYOUTS.index(layout),
             ((None,) + STRATEGIES).index(strategy), struct.unpack("<q", struct.pack("<d", scale))[0],
-            int(needs_grad)]
+            int(needs_grad), int(traced)]
 
 
 def _agree(group, mine: list[int] | None, error: Exception | None) -> None:
@@ -499,7 +571,7 @@ def _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs
     try:
         s = _validate(q, k, v, causal, scale, layout, return_lse, strategy)
         _check_device(str(dist.get_backend(group)), q.device, staged)
-        mine = _descriptor(q, k, causal, s, layout, strategy, needs_grad)
+        mine = _descriptor(q.shape, k.shape, q.dtype, causal, s, layout, strategy, needs_grad)
     except (TypeError, ValueError) as err:
         error = err
     _agree(group, mine, error)
@@ -510,9 +582,146 @@ def _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs
 
 
 # ------------------------------------------------------------------------------------------------
+# the traced path (torch.compile): functional collectives, autograd through the pieces
+# ------------------------------------------------------------------------------------------------
+# torch 2.13 renamed the autograd-capable gather all_gather_single_autograd (the old name warns
+# outside compile); older torch has only the old one.
+_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+_ERROR_TYPES = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+@torch._dynamo.assume_constant_result
+def _agree_at_trace(group_name: str, mine: tuple | None, error: tuple[str, str] | None, staged: bool):
+    """The cross-rank check of a compiled call, run for real while Dynamo traces (once per compiled
+    graph; its result is a constant of the graph): what _plan_for does per signature, with the
+    device check, whose dist.get_backend Dynamo cannot trace. Returns None, or (type name, message)
+    of the error every rank raises alike. An exception leaving this function would reach the user as
+    Dynamo's InternalTorchDynamoError, so the traced code raises it."""
+    group = dist.distributed_c10d._resolve_process_group(group_name)
+    if dist.get_rank(group) < 0:
+        return ("ValueError", "group must be a process group this rank belongs to (dist.get_rank(group) is -1)")
+    err = None if error is None else _ERROR_TYPES[error[0]](error[1])
+    row = None
+    if err is None:
+        q_shape, k_shape, dtype, device, causal, scale, layout, strategy, needs_grad = mine
+        try:
+            _check_device(str(dist.get_backend(group)), device, staged)
+            row = _descriptor(q_shape, k_shape, dtype, causal, scale, layout, strategy, needs_grad, True)
+        except (TypeError, ValueError) as e:
+            err = e
+    try:
+        _agree(group, row, err)
+    except (TypeError, ValueError) as e:
+        return (type(e).__name__, str(e))
+    return None
+
+
+def _shift(x: torch.Tensor, group, world: int, rank: int, staged: bool) -> torch.Tensor:
+    """The ring's transfer as a collective: x to the next rank, the previous rank's x back. An
+    all_to_all whose only non-empty splits are those two (batch_isend_irecv, the eager ring's, has a
+    traceable form but no autograd one); its backward is the reverse shift, which carries each
+    gradient back toward its owner."""
+    n = x.shape[0]
+    send = [n if j == (rank + 1) % world else 0 for j in range(world)]
+    recv = [n if j == (rank - 1) % world else 0 for j in range(world)]
+    y = funcol.all_to_all_single_autograd(x.cpu() if staged else x.contiguous(), recv, send, group)
+    return y.to(x.device) if staged else y
+
+
+def _traced_ring(q, k, v, group, world: int, rank: int, steps, scale: float, acc_t, q_up: bool, kv_up: bool):
+    """The ring's forward as _ring_forward computes it (the same ta.attention calls and merges, in
+    the same order), written functionally (slice_scatter, not in-place slices: autograd records it),
+    its transfers _shift. q_up, kv_up: carry q and K/V in acc_t, so that their gradients are summed in
+    it (autograd gives a tensor's gradient its own dtype; the eager backward sums in float32 too)."""
+    b, h, nq, _ = q.shape
+    staged = _STAGE_THROUGH_CPU
+    out = torch.zeros(b, nq, h, v.shape[-1], dtype=acc_t, device=q.device).transpose(1, 2)
+    lse = torch.full((b, h, nq), float("-inf"), dtype=acc_t, device=q.device)
+    qa = q.to(acc_t) if q_up else q
+    kv = None if world == 1 else torch.stack((k, v)).to(acc_t) if kv_up else torch.stack((k, v))
+    held = (k, v)
+    for t, blocks in enumerate(steps):
+        incoming = _shift(kv, group, world, rank, staged) if t + 1 < world else None
+        # A step with no block (contiguous causal: a later rank's keys) attends to none of its keys
+        # instead, an exact no-op (no rows): a collective whose result one rank never uses is dead
+        # code to the compiler there, and autograd would never run its backward there, while the
+        # ranks that use theirs wait in it for this one.
+        for blk in blocks or (_Block(slice(0, 0), slice(0, 0), False),):
+            qb = qa[:, :, blk.q].to(q.dtype) if q_up else q[:, :, blk.q]
+            o, l = attention(qb, held[0][:, :, blk.k], held[1][:, :, blk.k], causal=blk.causal, scale=scale,
+                             return_lse=True)
+            o, l = reference.merge_attention_outputs(out[:, :, blk.q], lse[:, :, blk.q], o.to(acc_t), l.to(acc_t))
+            if blk.q.start == 0 and blk.q.stop == nq:
+                out, lse = o, l
+            else:
+                out = out.slice_scatter(o, dim=2, start=blk.q.start, end=blk.q.stop)
+                lse = lse.slice_scatter(l, dim=2, start=blk.q.start, end=blk.q.stop)
+        if incoming is not None:
+            kv = incoming
+            held = (kv[0].to(k.dtype), kv[1].to(v.dtype)) if kv_up else (kv[0], kv[1])
+    return out.to(q.dtype), lse
+
+
+def _traced_gather(k, v, group, world: int, owners, per: int, kv_up: bool, acc_t):
+    """_GatherKV as a collective: the gather's backward is the reduce-scatter of the K/V gradients
+    (summed in acc_t with kv_up)."""
+    x = torch.stack((k, v))
+    if world > 1:
+        if kv_up:
+            x = x.to(acc_t)
+        staged = _STAGE_THROUGH_CPU
+        full = _gather_autograd(x.cpu() if staged else x.contiguous(), 0, group)
+        full = full.to(k.device) if staged else full
+        x = _to_global(owners, per, full.view((world,) + tuple(x.shape)))
+        if kv_up:
+            x = x.to(k.dtype)
+    return x[0], x[1]
+
+
+def _traced_call(q, k, v, group, causal, scale, layout, return_lse, strategy):
+    """context_parallel_attention under torch.compile (module docstring): validated and checked
+    across ranks while Dynamo traces, then the ring or the all-gather from functional collectives;
+    autograd differentiates it."""
+    group = _group(group)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (q, k, v))
+    mine = error = None
+    try:
+        _validate(q, k, v, causal, scale, layout, return_lse, strategy)
+        # operator.index makes Dynamo specialize on each size (a guard): the check holds for this
+        # graph's one shape, as eager's holds per signature, and a SymInt (a dimension that
+        # automatic dynamic shapes made symbolic) cannot be a traced constant. So everything below
+        # takes its sizes from these ints.
+        qs, ks = tuple(operator.index(n) for n in q.shape), tuple(operator.index(n) for n in k.shape)
+        s = _scale(qs[3], scale)
+        mine = (qs, ks, q.dtype, q.device, causal, s, layout, strategy, needs_grad)
+    except (TypeError, ValueError) as err:
+        error = (type(err).__name__, str(err))
+    rejected = _agree_at_trace(group.group_name, mine, error, _STAGE_THROUGH_CPU)
+    if rejected is not None:
+        raise _ERROR_TYPES[rejected[0]](rejected[1])
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
+    # 16-bit inputs whose gradients are sums over steps or ranks (not at world size 1): carried in
+    # acc_t so that the sums are (_traced_ring)
+    up = torch.is_grad_enabled() and world > 1 and q.dtype != acc_t
+    kv_up = up and (k.requires_grad or v.requires_grad)
+    allgather = (strategy == "allgather" if strategy is not None
+                 else 2 * math.prod(ks) * world * k.element_size() <= ALLGATHER_MAX_BYTES)
+    if allgather:
+        chunks = _chunks(layout, world, rank)
+        kf, vf = _traced_gather(k, v, group, world, _owners(layout, world), len(chunks), kv_up, acc_t)
+        out, lse = _attend_gathered(q, kf, vf, causal, s, chunks, return_lse)
+    else:
+        q_up = up and q.requires_grad
+        steps = _steps(layout, world, rank, qs[2], ks[2], causal)
+        out, lse = _traced_ring(q, k, v, group, world, rank, steps, s, acc_t, q_up, kv_up)
+    return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------------------------------------
 # the entry point
 # ------------------------------------------------------------------------------------------------
-@_plan.eager_only
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
                                causal: bool = False, scale: float | None = None, layout: str = "zigzag",
                                return_lse: bool = False, strategy: str | None = None):
@@ -539,8 +748,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Returns this rank's shard of the output (B, Hq, N/world, D), and lse with return_lse.
     Differentiable in q, k, v (every rank must run the backward: it is collective). A call is a
     collective: every rank of the group calls it with its shard, in the same order as the others.
-    Under torch.compile it is a graph break and runs eagerly (module docstring).
+    Under torch.compile it is traced whole, from functional collectives (module docstring).
     """
+    if _plan._is_compiling():
+        return _traced_call(q, k, v, group, causal, scale, layout, return_lse, strategy)
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                  for t in (q, k, v))
     plan = _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs_grad)
