@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -243,15 +244,7 @@ def plan_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None, log: bo
         return _plan_row(x, out, cfg, device, arch, log)
     if kernel == "online":
         return _plan_online(x, out, cfg, device, arch, log)
-    # The split kernels run on rows of >= 10^5 columns (a call is >= ~50 µs of GPU time): they plan
-    # per call, which keeps their fallbacks (cooperative launch refused) in one place.
-    size, stride, out_stride = x.shape, x.stride(), out.stride()
-
-    def run(x, out):
-        with _device_guard(device):
-            _forward_split(x.as_strided(size, stride), out.as_strided(size, out_stride), cfg, device,
-                           arch, log)
-    return run
+    return _plan_split(x, out, cfg, device, arch, log)
 
 
 def softmax_forward(x: torch.Tensor, out: torch.Tensor, kernel: str | None, log: bool = False) -> None:
@@ -292,27 +285,49 @@ def _plan_online(x, out, cfg, device, arch, log=False):
     return Launch(softmax_online_kernel, grid, meta, device).bind(*ints)
 
 
-def _forward_split(x, out, cfg, device, arch, log=False):
+def _plan_split(x, out, cfg, device, arch, log=False):
+    """The split's launches, planned once: the single pass where the "split" row asks for it and its
+    programs fit on the device at once, else (or when the driver refuses its cooperative grid) the
+    two kernels. Planned per call before 2026-11-26, that cost the host ~100 µs a call, more than
+    the kernel of a 64x1048576 bf16 row (H200: 817 GB/s eager, 1640 in a CUDA graph)."""
     m, n = x.shape
     # Rows of 2^31 columns or more take the two kernels: the single pass's chunks (n over the
     # co-resident programs, millions of columns each) are far past L2, so its re-read comes from
     # DRAM like the second kernel's, and its int64-index build spills under the maxnreg = 80
     # configs (sm_90a: 644-696 bytes; the two-kernel split's builds do not spill).
-    if cfg.get("SINGLE_PASS") and n < _INT64_N and _forward_split_sync(x, out, device, arch, log):
-        return
+    with _device_guard(device):
+        sync = (_plan_split_sync(x, out, device, arch, log) if cfg.get("SINGLE_PASS") and n < _INT64_N
+                else None)
+        two = _plan_split_two(x, out, cfg, device, arch, log)
+    if sync is None:
+        return two
+
+    def run(x, out):
+        if not _forward_split_sync(sync, x, out):
+            two(x, out)
+    return run
+
+
+def _plan_split_two(x, out, cfg, device, arch, log=False):
+    m, n = x.shape
     splits, chunk = _split_plan(m, n, cfg, device, arch)
     grid = (splits * triton.cdiv(m, cfg["BLOCK_M"]),)
-    # Unwritten state slots would be read by the merge: every (row, split) program writes its own.
-    m_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
-    l_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
     common = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], COL_CONTIG=_col_contig(x),
                   STAGES=cfg.get("STAGES", 1), **_launch_options(cfg))
-    softmax_split_state_kernel[grid](x, m_parts, l_parts, m, n, x.stride(0), x.stride(1), chunk,
-                                     splits, **_hints(cfg, "KEEP"), **common)
-    softmax_split_normalize_kernel[grid](x, out, m_parts, l_parts, m, n, x.stride(0), x.stride(1),
-                                         out.stride(0), chunk, splits,
-                                         BLOCK_S=triton.next_power_of_2(splits),
-                                         **_hints(cfg, "LAST", "STORE"), **_log(log), **common)
+    state = Launch(softmax_split_state_kernel, grid, dict(common, **_hints(cfg, "KEEP")), device)
+    normalize = Launch(softmax_split_normalize_kernel, grid,
+                       dict(common, BLOCK_S=triton.next_power_of_2(splits), **_hints(cfg, "LAST", "STORE"),
+                            **_log(log)), device)
+    x_ints = (m, n, x.stride(0), x.stride(1))
+    out_stride = out.stride(0)
+
+    def run(x, out):
+        # Unwritten state slots would be read by the merge: every (row, split) program writes its own.
+        m_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
+        l_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
+        state(x, m_parts, l_parts, *x_ints, chunk, splits)
+        normalize(x, out, m_parts, l_parts, *x_ints, out_stride, chunk, splits)
+    return run
 
 
 _COOPERATIVE_TOO_LARGE: set = set()  # (meta, dtype, device) whose cooperative launch was refused
@@ -346,8 +361,16 @@ def _sync_plan(n: int, cfg: dict, resident: int) -> tuple[int, int]:
     return triton.cdiv(n, chunk), chunk
 
 
-def _forward_split_sync(x, out, device, arch, log=False) -> bool:
-    """The single-pass split, if its programs fit on the device at once; False to fall back."""
+class _SyncPlan(NamedTuple):
+    launch: Launch
+    m: int
+    splits: int
+    ints: tuple  # the launch's integer arguments after the tensors
+    key: tuple  # _COOPERATIVE_TOO_LARGE's key
+
+
+def _plan_split_sync(x, out, device, arch, log=False) -> _SyncPlan | None:
+    """The single-pass split, if its programs fit on the device at once; None to fall back."""
     m, n = x.shape
     cfg = _config("split_sync", n, arch, x.dtype, _col_contig(x))
     block_n = cfg["BLOCK_N"]
@@ -362,9 +385,8 @@ def _forward_split_sync(x, out, device, arch, log=False) -> bool:
         return dict(base, BLOCK_S=triton.next_power_of_2(splits),
                     PREFETCH=bool(cfg.get("PREFETCH")) and chunk == block_n)
 
-    def args(m_parts, l_parts, counts, splits, chunk):
-        return (x, out, m_parts, l_parts, counts, fails, m, n, x.stride(0), x.stride(1),
-                out.stride(0), splits, chunk, cfg["MAX_SPIN"])
+    def ints(splits, chunk):
+        return (m, n, x.stride(0), x.stride(1), out.stride(0), splits, chunk, cfg["MAX_SPIN"])
 
     def resident(kernel_meta):
         if device.type != "cuda":
@@ -373,7 +395,8 @@ def _forward_split_sync(x, out, device, arch, log=False) -> bool:
         # CHUNK as the launch passes it (a multiple of BLOCK_N), not n: a row of 2^31 columns or
         # more would make it an int64, another specialization than the one launched.
         per_sm = _programs_per_sm(softmax_split_sync_kernel,
-                                  args(empty, empty, counts_probe, 1, chunk0), kernel_meta, device)
+                                  (x, out, empty, empty, counts_probe, fails, *ints(1, chunk0)), kernel_meta,
+                                  device)
         return per_sm * _sm_count(device, arch)
 
     counts_probe = torch.empty((1,), dtype=torch.int32, device=device)
@@ -387,17 +410,26 @@ def _forward_split_sync(x, out, device, arch, log=False) -> bool:
     groups = min(m, fit // splits)
     key = (tuple(sorted(final.items())), x.dtype, device)
     if groups == 0 or key in _COOPERATIVE_TOO_LARGE:
+        return None
+    return _SyncPlan(Launch(softmax_split_sync_kernel, (groups * splits,), final, device), m, splits,
+                     ints(splits, chunk), key)
+
+
+def _forward_split_sync(plan: _SyncPlan, x, out) -> bool:
+    """One call's single pass; False where the driver refused its cooperative grid (our occupancy
+    was optimistic: remembered, and every later call of that kernel takes the two kernels)."""
+    if plan.key in _COOPERATIVE_TOO_LARGE:
         return False
-    m_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
-    l_parts = torch.empty((m, splits), dtype=torch.float32, device=device)
-    counts = torch.zeros((m,), dtype=torch.int32, device=device)
+    device = plan.launch.device
+    m_parts = torch.empty((plan.m, plan.splits), dtype=torch.float32, device=device)
+    l_parts = torch.empty((plan.m, plan.splits), dtype=torch.float32, device=device)
+    counts = torch.zeros((plan.m,), dtype=torch.int32, device=device)
     try:
-        softmax_split_sync_kernel[(groups * splits,)](*args(m_parts, l_parts, counts, splits, chunk),
-                                                      **final)
-    except RuntimeError as e:  # the driver refused the cooperative grid: our occupancy was optimistic
+        plan.launch(x, out, m_parts, l_parts, counts, _sync_failure_counter(device), *plan.ints)
+    except RuntimeError as e:
         if "COOPERATIVE" not in str(e).upper():
             raise
-        _COOPERATIVE_TOO_LARGE.add(key)
+        _COOPERATIVE_TOO_LARGE.add(plan.key)
         return False
     return True
 
