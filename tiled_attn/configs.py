@@ -268,7 +268,7 @@ TRITON_SOFTMAX: dict = _Table({
     # smaller classes on the "any" launch; fp16 takes the bf16 rows. See sweep.json.
     ("row", "sm90", "bf16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 262144x32: 3293 GB/s = 111% of copy, x1.09 vs any
     ("row", "sm90", "bf16", 128): dict(BLOCK_M=8, num_warps=1, num_stages=2, EVICT=True),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 65536x128 3784 GB/s = 90% of copy, x1.09 vs any (the H100's row above it: BLOCK_M=32, 8 warps, WAVES=0, 109%)
-    ("row", "sm90", "bf16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "bf16", 512): dict(BLOCK_M=1, num_warps=1, num_stages=2), # H200 2026-11-26 (results/sweeps/2026-11-26-h200-triton-softmax-512-class.md), % of copy at N = 512 / 337 / 159: 94 / 70 / 57 vs any's 86 / 46 / 32 (torch.softmax 65 / 53 / 47)
     ("row", "sm90", "bf16", 1024): dict(BLOCK_M=2, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 32768x1024 3986 GB/s = 95% of copy, x1.15 vs any (H100: BLOCK_M=4, 8 warps, WAVES=0, 97%)
     ("row", "sm90", "bf16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
     ("row", "sm90", "bf16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2858 GB/s = 96% of copy, x1.09 vs any
@@ -276,7 +276,7 @@ TRITON_SOFTMAX: dict = _Table({
     ("row", "sm90", "bf16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # 4096x16384: 2542 GB/s = 86% of copy, x1.10 vs any
     ("row", "sm90", "fp16", 32): dict(BLOCK_M=64, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # = bf16
     ("row", "sm90", "fp16", 128): dict(BLOCK_M=8, num_warps=1, num_stages=2, EVICT=True),  # = bf16
-    ("row", "sm90", "fp16", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = bf16
+    ("row", "sm90", "fp16", 512): dict(BLOCK_M=1, num_warps=1, num_stages=2),  # = bf16
     ("row", "sm90", "fp16", 1024): dict(BLOCK_M=2, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # = bf16
     ("row", "sm90", "fp16", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = bf16
     ("row", "sm90", "fp16", 4096): dict(BLOCK_M=1, num_warps=8, num_stages=2, EVICT=True, WAVES=0),  # = bf16
@@ -284,7 +284,7 @@ TRITON_SOFTMAX: dict = _Table({
     ("row", "sm90", "fp16", 16384): dict(BLOCK_M=1, num_warps=16, num_stages=2, EVICT=True, WAVES=0),  # = bf16
     ("row", "sm90", "fp32", 32): dict(BLOCK_M=16, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 262144x32 3925 GB/s = 94% of copy, x1.27 vs any
     ("row", "sm90", "fp32", 128): dict(BLOCK_M=4, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 65536x128 3924 GB/s = 94% of copy, x1.17 vs any (92 -> fewer registers, 31% -> more occupancy: results/ncu)
-    ("row", "sm90", "fp32", 512): dict(BLOCK_M=8, num_warps=4, num_stages=2),  # = any
+    ("row", "sm90", "fp32", 512): dict(BLOCK_M=2, num_warps=1, num_stages=2), # H200 2026-11-26 (results/sweeps/2026-11-26-h200-triton-softmax-512-class.md), % of copy at N = 512 / 337 / 159: 93 / 82 / 81 vs any's 85 / 74 / 55 (torch.softmax 98 / 93 / 87)
     ("row", "sm90", "fp32", 1024): dict(BLOCK_M=1, num_warps=2, num_stages=2, EVICT=True, WAVES=0),  # H200 2026-11-26 (sweep_triton_softmax.py --shapes, results/sweeps/2026-11-26-h200-triton-softmax-short-rows.md): 32768x1024 4157 GB/s = 99% of copy, x1.16 vs any (H100: BLOCK_M=2, 100%)
     ("row", "sm90", "fp32", 2048): dict(BLOCK_M=2, num_warps=8, num_stages=2),  # = any
     ("row", "sm90", "fp32", 4096): dict(BLOCK_M=1, num_warps=4, num_stages=2, EVICT=True, WAVES=0),  # 8192x4096: 2964 GB/s = 100% of copy, x1.08 vs any
