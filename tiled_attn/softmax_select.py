@@ -84,16 +84,16 @@ def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
            log: bool = False) -> tuple[str, str | None]:
     """(backend, kernel or None) for a softmax (log_softmax with `log`) over M rows of N columns of
     `dtype` on a device of `arch` (configs.model_arch, e.g. "sm90:h200", or configs.arch), rows
-    with unit column stride or not (`contiguous`), the CUDA extension usable or not (`cuda_ok`). Deterministic; reads only
-    configs.SOFTMAX_SELECT and the kernel limits above."""
+    with unit column stride or not (`contiguous`), the CUDA extension usable or not (`cuda_ok`).
+    Deterministic; reads only configs.SOFTMAX_SELECT and the kernel limits above."""
     dt = _dtype_key(dtype)
     if m * n < configs.SOFTMAX_SELECT_MIN_ELEMS:
         return today(cuda_ok, log)  # smaller than any measured shape (configs.py)
     pools = ("all", "triton") if cuda_ok and not log else ("triton",)
     archs = tuple(dict.fromkeys((arch, configs.base_arch(arch))))  # the model's rows, then its arch's
     for pool in pools:
-        rows = next((r for a in archs if (r := configs.SOFTMAX_SELECT.get((a, dt, layout_key(contiguous), pool)))),
-                    None)
+        keys = [(a, dt, layout_key(contiguous), pool) for a in archs]
+        rows = next((configs.SOFTMAX_SELECT[k] for k in keys if configs.SOFTMAX_SELECT.get(k)), None)
         if not rows:
             continue
         for n_max, m_min, backend, kernel in rows:
@@ -122,8 +122,8 @@ def for_tensor(x: torch.Tensor, dim: int, log: bool = False,
 @torch._dynamo.assume_constant_result
 def _select_static(m: int, n: int, dtype: torch.dtype, contiguous: bool, device: torch.device,
                    log: bool) -> tuple[str, str | None]:
-    """select() with the device's model and arch and whether the CUDA extension is available. Those read
-    device properties and the extension's build files, which torch.compile cannot trace: a call
+    """select() with the device's model and arch and whether the CUDA extension is available. Those
+    read device properties and the extension's build files, which torch.compile cannot trace: a call
     it traces (static shapes only: tiled_attn/softmax.py _pick) runs this once, eagerly, and keeps
     the result as a constant of the graph, so compiled and eager calls pick the same kernel."""
     from . import cuda
