@@ -46,6 +46,7 @@ GPU (skipped without CUDA; each test spawns its own processes, < 60 s, the compi
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import re
@@ -180,16 +181,8 @@ def _run_compiled(c: dict, rank: int, world: int, device: str = "cpu", backend: 
     if backend is None:
         backend, graphs = _recording_backend()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    count, agree = [0], D._agree
-
-    def counting(*args):
-        count[0] += 1
-        return agree(*args)
-    D._agree = counting
-    try:
+    with _counting_checks() as count:
         runs = [_run_case(c, rank, world, device, call=compiled) for _ in range(2)]
-    finally:
-        D._agree = agree
     return dict(compiled=runs[0], again=runs[1], eager=_run_case(c, rank, world, device), graphs=graphs,
                 checks=count[0])
 
@@ -206,6 +199,26 @@ def _compiled_errors(rank: int) -> dict:
             torch.compile(D.context_parallel_attention, backend="eager", fullgraph=True) if rank == 0
             else D.context_parallel_attention)(q, k, v, causal=True),
     }
+    return _outcomes(calls)
+
+
+@contextlib.contextmanager
+def _counting_checks():
+    """[n]: how many times the cross-rank check (distributed._agree) ran inside the block."""
+    count, agree = [0], D._agree
+
+    def counting(*args):
+        count[0] += 1
+        return agree(*args)
+    D._agree = counting
+    try:
+        yield count
+    finally:
+        D._agree = agree
+
+
+def _outcomes(calls: dict) -> dict:
+    """name -> (exception type name, message) of each call, ("no error", "") where it returned."""
     got = {}
     for name, call in calls.items():
         try:
@@ -241,31 +254,16 @@ def _error_calls(rank: int) -> dict:
         "grad on rank 0 only": lambda: D.context_parallel_attention(
             *(t.requires_grad_(rank == 0) for t in qkv()), causal=True),
     }
-    got = {}
-    for name, call in calls.items():
-        try:
-            call()
-            got[name] = ("no error", "")
-        except Exception as err:  # noqa: BLE001 -- the parent checks the type and the message
-            got[name] = (type(err).__name__, str(err))
-    return got
+    return _outcomes(calls)
 
 
 def _signature_checks(rank: int, world: int) -> int:
     """How many times the cross-rank check runs for three calls of one signature (once expected)."""
-    count, agree = [0], D._agree
-
-    def counting(*args):
-        count[0] += 1
-        return agree(*args)
-    D._agree = counting
-    try:
+    with _counting_checks() as count:
         gen = torch.Generator().manual_seed(2)
         q, k, v = (randn((1, 2, 4, 8), torch.float32, "cpu", gen) for _ in range(3))
         for _ in range(3):
             D.context_parallel_attention(q, k, v, causal=True)
-    finally:
-        D._agree = agree
     return count[0]
 
 
