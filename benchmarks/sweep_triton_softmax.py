@@ -23,7 +23,7 @@ rotated through >= 2x L2); GB/s count one read + one write, % of harness.measure
 
 Writes --out/sweep.json (every measurement) and sweep.md; --apply puts the rows that beat the "any"
 row by >= 3% (the single pass: the default kernel) after the sm90 marker of TRITON_SOFTMAX,
-replacing an earlier --apply block. On the H100 (16 CPU cores): ~500 timings of ~0.07 s and ~450
+replacing an earlier --apply block. On the H100 (16 CPU cores): ~530 timings of ~0.07 s and ~450
 kernel compiles on the workers, ~100 s estimated; --budget (default 140 s after the imports) cuts
 the timing short, lowest-priority shapes last, and what was measured is still written.
 """
@@ -65,6 +65,7 @@ EPT = {"fp32": (16, 32), "bf16": (16, 64)}
 # on the 32x128 tile, and 2048 row blocks in ~3.1 waves, where torch's warp-per-row kernel holds 4
 # elements a thread at 82% occupancy.
 EPT_ROW = {"fp32": (4, 32), "bf16": (8, 64)}
+SHORT_ROW = 1024  # the longest rows that get EPT_ROW's tiles
 SWITCHES = {  # phase 2: crossed with the --top tiles of phase 1
     "row": [{"STAGES": 2}, {"EVICT": True}, {"WAVES": 0}, {"WAVES": 2},
             {"STAGES": 2, "EVICT": True}, {"EVICT": True, "WAVES": 0}],
@@ -111,7 +112,10 @@ def tiles(kernel: str, dt: str, n: int, base: dict) -> list[dict]:
     lo, hi = (EPT_ROW if kernel == "row" else EPT)[dt]
     field = "BLOCK_M" if kernel == "row" else "BLOCK_N"
     width = triton.next_power_of_2(n) if kernel == "row" else base.get("BLOCK_M", 1)
-    small = kernel == "row" and lo < EPT[dt][0]  # the small tiles of EPT_ROW: smaller factors too
+    # the small tiles of EPT_ROW (smaller factors too) on short rows only, where they were measured
+    small = kernel == "row" and n <= SHORT_ROW
+    if not small:
+        lo = EPT[dt][0]
     out = []
     f0, w0 = base[field], base["num_warps"]
     for f in ((f0 // 8, f0 // 4) if small else ()) + (f0 // 2, f0, 2 * f0, 4 * f0):

@@ -35,7 +35,8 @@ FIELDS = {"BLOCK_M", "BLOCK_N", "BLOCK_N_STRIDED", "num_warps", "num_stages", "P
 
 def test_candidates_on_the_ladder():
     """The H100 rule picks row / online / split as the last benchmark did; every candidate is a
-    documented row of 16-64 elements per thread; the whole sweep stays within ~500 timings."""
+    documented row of 16-64 elements per thread (short rows from 4 fp32 / 8 bf16: EPT_ROW); the
+    whole sweep stays within ~560 timings."""
     defaults, total = [], 0
     for s in SHAPES:
         for dt in ("fp32", "bf16"):
@@ -49,11 +50,11 @@ def test_candidates_on_the_ladder():
                     assert set(c) <= FIELDS, c
                     field = "BLOCK_M" if k == "row" else "BLOCK_N"
                     width = 2 ** math.ceil(math.log2(s["N"])) if k == "row" else c.get("BLOCK_M", 1)
-                    lo, hi = sw.EPT[dt]
+                    lo, hi = (sw.EPT_ROW if k == "row" and s["N"] <= sw.SHORT_ROW else sw.EPT)[dt]
                     assert lo <= c[field] * width / (32 * c["num_warps"]) <= hi, c
                 total += 1 + len(tiles) + 2 * len(sw.SWITCHES[k])
     assert defaults == ["row"] * 10 + ["online"] * 2 + ["split"] * 6
-    assert total <= 500
+    assert total <= 560  # ~500 before the short rows' small tiles (EPT_ROW) added ~30
 
 
 @pytest.fixture

@@ -125,8 +125,8 @@ for bf16 inputs; the rule against the whole sequence in float64; the forward bit
 the check ran once per rank; arguments that differ across ranks, or compiling on one rank only,
 raise on both. By hand, not in CI: world size 4 under aot_eager (the three float32 cases: the same
 findings), and Inductor (CPU, C++ codegen) at world sizes 2 and 4 (the four cases, the rule; the
-forward within 2.4e-7 of eager's). The GPU test (Inductor, two ranks sharing one GPU) is written but
-has not run.
+forward within 2.4e-7 of eager's). On one H200 (2026-11-26) the GPU test passed: Inductor, two
+ranks sharing the GPU (gloo, transfers staged through the CPU), the ring and the all-gather in bf16.
 
 Verified where: on the CPU with gloo at world sizes 1, 2 and 4, including a subgroup, against the
 float64 reference of the whole sequence under DESIGN §4's rule, forward and backward
