@@ -15,4 +15,3 @@ from .varlen import attention_varlen
 __all__ = ["softmax", "log_softmax", "softmax_kernels", "attention", "attention_varlen",
            "attention_kvcache", "scaled_dot_product_attention", "nn", "integrations", "distributed"]
 __version__ = "0.1.0"
-

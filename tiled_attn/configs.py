@@ -18,11 +18,15 @@ def _arch_of(index: int) -> str:
     return f"sm{major}{minor}"
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def arch(device: torch.device) -> str:
     """'sm90' for an H100, 'cpu' for tensors the Triton interpreter runs."""
     if device.type != "cuda":
         return "cpu"
-    return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
+    return _arch_of(_index(device))
 
 
 def model_key(name: str) -> str:
@@ -45,7 +49,7 @@ def model_arch(device: torch.device) -> str:
     a = arch(device)
     if device.type != "cuda":
         return a
-    return f"{a}:{_model_of(device.index if device.index is not None else torch.cuda.current_device())}"
+    return f"{a}:{_model_of(_index(device))}"
 
 
 def base_arch(key: str) -> str:

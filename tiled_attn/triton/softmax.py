@@ -367,6 +367,7 @@ class _SyncPlan(NamedTuple):
     splits: int
     ints: tuple  # the launch's integer arguments after the tensors
     key: tuple  # _COOPERATIVE_TOO_LARGE's key
+    fails: torch.Tensor  # the device's timed-out-wait counter (_sync_failure_counter)
 
 
 def _plan_split_sync(x, out, device, arch, log=False) -> _SyncPlan | None:
@@ -412,7 +413,7 @@ def _plan_split_sync(x, out, device, arch, log=False) -> _SyncPlan | None:
     if groups == 0 or key in _COOPERATIVE_TOO_LARGE:
         return None
     return _SyncPlan(Launch(softmax_split_sync_kernel, (groups * splits,), final, device), m, splits,
-                     ints(splits, chunk), key)
+                     ints(splits, chunk), key, fails)
 
 
 def _forward_split_sync(plan: _SyncPlan, x, out) -> bool:
@@ -425,7 +426,7 @@ def _forward_split_sync(plan: _SyncPlan, x, out) -> bool:
     l_parts = torch.empty((plan.m, plan.splits), dtype=torch.float32, device=device)
     counts = torch.zeros((plan.m,), dtype=torch.int32, device=device)
     try:
-        plan.launch(x, out, m_parts, l_parts, counts, _sync_failure_counter(device), *plan.ints)
+        plan.launch(x, out, m_parts, l_parts, counts, plan.fails, *plan.ints)
     except RuntimeError as e:
         if "COOPERATIVE" not in str(e).upper():
             raise
