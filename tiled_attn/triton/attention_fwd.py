@@ -171,6 +171,12 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         v_ptrs = v_src + tl.cast(lo, tl.int64) * stride_vn + v_tile
         k_step = tl.full([], BLOCK_N, tl.int64) * stride_kn
         v_step = tl.full([], BLOCK_N, tl.int64) * stride_vn
+    if PAGED:
+        # The tile's pointers are formed once; each page then moves them by one 64-bit scalar
+        # (two integer adds a pointer, as the dense "ptr" step) instead of re-deriving every
+        # pointer from its 32-bit offset (sm_90a SASS: +15% instructions a tile).
+        k_tile_ptrs = k_src + k_tile
+        v_tile_ptrs = v_src + v_tile
     if UPCAST:
         q = q.to(tl.float32)
     # Loads are written out here rather than through a helper: each nested jit call costs ~0.3-2 ms
@@ -191,8 +197,8 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
                     page = tl.load(bt_src + start // page_size)
                     page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
                     in_page = tl.cast(start % page_size, tl.int64)
-                    k_ptrs = k_src + page * stride_kp + in_page * stride_kn + k_tile
-                    v_ptrs = v_src + page * stride_vp + in_page * stride_vn + v_tile
+                    k_ptrs = k_tile_ptrs + (page * stride_kp + in_page * stride_kn)
+                    v_ptrs = v_tile_ptrs + (page * stride_vp + in_page * stride_vn)
                 else:
                     page = tl.load(bt_src + cols // page_size, mask=key_ok, other=0)
                     page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
