@@ -10,8 +10,9 @@ latency per program (the first page index is read before the first K tile can be
 contiguous ratio is worst where programs are long and few. More, shorter splits fill the SMs, at
 the price of a larger partial workspace and merge.
 
-Candidates: the table's decode row with (min_split_keys, waves) replaced, for each of
-MIN_SPLIT_KEYS x WAVES. Shapes: the kvcache suite's (B 1/8/32, Nq 1/4, Nk 4096/32768) and the
+Candidates: the table's decode row with (min_split_keys, waves) replaced (the rule that reads
+them: tiled_attn/triton/attention.py:decode_splits), for each of MIN_SPLIT_KEYS x WAVES, or the
+--candidates given. Shapes: the kvcache suite's (B 1/8/32, Nq 1/4, Nk 4096/32768) and the
 decode suite's (B 1/16, Nq 1, Nk 4096..131072); GQA 32/8, D = 128, bf16. Providers: "contiguous"
 (ta.attention_kvcache, (B, Nk, Hkv, D) cache), "paged-64" / "paged-256" (the same keys through a
 shuffled block table), "dense" (ta.attention on the cache's (B, Hkv, Nk, D) view). Kernel time from
@@ -109,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="3 shapes")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
+    ap.add_argument("--candidates", nargs="*", default=None, metavar="MSK,WAVES",
+                    help="only these (min_split_keys, waves), e.g. 512,2 256,2 (default: the grid)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
@@ -117,7 +120,8 @@ def main(argv=None) -> int:
     base_row = config("decode", dev, torch.bfloat16, D, False, 4096)
     keys = [k for k in configs.TRITON_ATTENTION if k[0] == "decode" and k[1] == configs.arch(dev)]
     saved = {k: configs.TRITON_ATTENTION[k] for k in keys}
-    cands = [(msk, w) for msk in MIN_SPLIT_KEYS for w in WAVES]
+    cands = ([tuple(int(x) for x in c.split(",")) for c in args.candidates] if args.candidates
+             else [(msk, w) for msk in MIN_SPLIT_KEYS for w in WAVES])
     base = (base_row["min_split_keys"], base_row["waves"])
     if base not in cands:
         cands.insert(0, base)

@@ -536,6 +536,8 @@ def _paged_depth_problems() -> list[str]:
                        PAGED=True, PAGE=page)
             if kind == "fwd":
                 ext["VARLEN"] = False
+            else:
+                ext["PREFETCH"] = True  # as the planner compiles the paged decode
             paged, problem = _kv_buffers(ext_kernel, ext, dict(opts, num_stages=opts["num_stages"] + extra))
             if problem and not (kind == "fwd" and base["BLOCK_N"] > page):
                 problems.append(problem)

@@ -623,9 +623,10 @@ SOFTMAX_SELECT: dict = _Table({
 # alignment rules fail, and for float32). decode rows add the dispatch and split
 # heuristics: max_rows, max_q (use the split-KV kernel when Nq·Hq/Hkv <= max_rows, or Nq <= max_q:
 # with a big GQA group it then packs several row tiles, each still reading K/V once for its heads,
-# where the forward kernel would read them once per query head), waves (aim for waves·SMs programs:
-# the number resident per SM at once, so the split grid is one wave), min_split_keys (a split reads
-# at least this many keys: below, the partial write and merge outweigh the parallelism),
+# where the forward kernel would read them once per query head), waves and min_split_keys (the
+# split count: up to one program per SM with splits as short as a key tile, up to waves·SMs
+# programs where a split still reads min_split_keys keys; tiled_attn/triton/attention.py:
+# decode_splits says why and what was measured),
 # merge_warps (the merge kernel, one program per query row). BLOCK_M of a decode row is the
 # largest packed tile (the wrapper shrinks it to the next power of two >= 16 rows that holds Nq·G).
 #

@@ -112,6 +112,23 @@ def _effective_causal(causal: bool, offset: int, n_q: int, n_k: int) -> tuple[bo
     return True, max(offset, -n_q)
 
 
+def decode_splits(programs: int, n_seen: int, cfg: dict, sms: int) -> int:
+    """Key splits per (batch, kv head, row tile) of the split-KV decode, `programs` of those.
+
+    The grid gets up to one program per SM (splits as short as one key tile), and up to `waves`
+    per SM where each split still reads min_split_keys keys; never more: the split count is
+    floored, so the grid is never a wave and a bit, whose tail costs as much as the wave.
+    Measured on the H200 (benchmarks/tune_decode_splits.py, 2026-11-26; GQA 32/8, D = 128, 132
+    SMs, 3 programs resident per SM): the kernel time is best at 256 programs for B = 16 and 32
+    (splits 2 and 1) and 12-18% worse at 384-512; at B = 1, 16 splits (128 programs) are best up
+    to 16k keys (4096 keys: 32 splits 6% and 8 splits 18% slower) and 32-33 splits from 32k keys
+    on (17 splits: 20% slower). The earlier rule (the ceiling of waves·SMs / programs, splits of
+    >= min_split_keys) gave B = 32 two splits and B = 8 five, 4-18% slower."""
+    one_wave = max(1, sms // max(programs, 1))
+    full = max(1, int(cfg["waves"] * sms) // max(programs, 1))
+    return max(1, min(full, max(one_wave, _cdiv(n_seen, cfg["min_split_keys"]))))
+
+
 def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
          kernel: str | None = None, num_splits: int | None = None) -> dict:
     """Which kernel runs, with which launch parameters. `kernel`/`num_splits` force a choice (the
@@ -135,11 +152,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
     # Keys some query can see: a causal mask hides the end of the keys from every row.
     n_seen = min(n_k, n_q + offset) if causal else n_k
     if num_splits is None:
-        # `waves` programs per SM in all: as many as are resident at once (2 at the H100 decode
-        # row's shared memory), so the grid is one wave with no tail.
-        programs = b * hkv * p["m_tiles"]
-        wanted = _cdiv(int(cfg["waves"] * _sm_count(q.device)), programs)
-        num_splits = max(1, min(wanted, _cdiv(n_seen, cfg["min_split_keys"])))
+        num_splits = decode_splits(b * hkv * p["m_tiles"], n_seen, cfg, _sm_count(q.device))
     num_splits = max(1, min(num_splits, _cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
     p["split_len"] = _cdiv(_cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     p["num_splits"] = _cdiv(max(n_seen, 1), p["split_len"])
@@ -393,15 +406,14 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
     m_tiles = _cdiv(rows_per, block_m)
     n_seen = n_k_cap
     if num_splits is None:
-        programs = b * hkv * m_tiles
-        wanted = _cdiv(int(cfg["waves"] * _sm_count(device)), programs)
-        num_splits = max(1, min(wanted, _cdiv(n_seen, cfg["min_split_keys"])))
+        num_splits = decode_splits(b * hkv * m_tiles, n_seen, cfg, _sm_count(device))
     num_splits = max(1, min(num_splits, _cdiv(max(n_seen, 1), cfg["BLOCK_N"])))
     split_len = _cdiv(_cdiv(max(n_seen, 1), num_splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     splits = _cdiv(max(n_seen, 1), split_len)
     rows = b * hq * n_q
     const.update(BLOCK_M=block_m, SPLIT=splits > 1)
-    decode = Launch(attention_decode_ext_kernel, (b * hkv * m_tiles * splits,), dict(const, WIDE=wide),
+    decode = Launch(attention_decode_ext_kernel, (b * hkv * m_tiles * splits,),
+                    dict(const, WIDE=wide, PREFETCH=mods.paged is not None and not interpret),
                     device).bind(*ext, m_tiles, splits, split_len, rows)
     merge = None
     if splits > 1:
