@@ -1,11 +1,15 @@
-"""Paged against contiguous decode at short caches: kernel time (CUDA-graph replay) per call.
+"""Paged against contiguous decode at short caches: kernel time of builds of the paged kernel.
 
-    PYTHONPATH=. python benchmarks/probe_paged_decode.py [--out FILE]
+    PYTHONPATH=. python benchmarks/probe_paged_decode.py [--out FILE.json]
 
-B = 1, GQA 32/8, D = 64 and 128, bf16, Nk from 256 to 32768, pages of 64 and 256 keys through a
-shuffled block table; ta.attention_kvcache on both layouts and ta.attention (dense decode) on the
-contiguous view. A probe behind the kvcache suite's B = 1 points (issue #15): where paged trails
-contiguous, by how much per key length.
+Issue #15: after the split rule of 2026-11-26 (attention.decode_splits) paged decode was within
+1-3% of contiguous everywhere but at B = 1 and short caches, where a paged program cost ~0.9 µs more
+(H200, GQA 32/8, D = 128: 12.2 vs 11.3 µs at 4096 keys, 8.9 vs 7.8 at 1024, one to four key tiles
+a program); ncu put that time in the wait for the first tile's block-table entry. Timed here per
+build of the paged kernel: PAGED_EXTRA_STAGES (pipeline stages added where a tile's address waits
+on a table read) and PAGED_VEC_MAX (0: a table read per tile; > 0: a split's entries in one vector
+read beside SeqK's), on tune_decode_splits.py's providers (contiguous, paged-64, paged-256;
+CUDA-graph replays, input sets rotating through >= 2x L2), each output checked against fp32 SDPA.
 """
 from __future__ import annotations
 
@@ -17,61 +21,45 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import tiled_attn as ta  # noqa: E402
+from tiled_attn import _plan  # noqa: E402
+from tiled_attn.triton import attention as ta_triton  # noqa: E402
+from benchmarks.tune_decode_splits import make_sets, providers, reference  # noqa: E402
+from benchmarks.tune_triton_attention import graph_ms  # noqa: E402
 
-
-def _graph_us(fn, reps: int = 200) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            fn()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps // 20):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / 20)
-    return sorted(times)[len(times) // 2]
+SHAPES = [(1, 1, 1024), (1, 1, 4096), (1, 4, 4096), (1, 1, 32768), (32, 1, 4096)]
+BUILDS = [(2, 0), (2, 64), (0, 64)]  # (PAGED_EXTRA_STAGES, PAGED_VEC_MAX)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     args = ap.parse_args(argv)
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(15)
+    dev = torch.device(args.device)
+    gen = torch.Generator(device=dev).manual_seed(15)
+    fns = {k: v for k, v in providers().items() if k != "dense"}
+    saved = ta_triton.PAGED_EXTRA_STAGES, ta_triton.PAGED_VEC_MAX
     rows = []
-    for d in (64, 128):
-        for nk in (256, 1024, 4096, 32768):
-            q = torch.randn(1, 32, 1, d, device=dev, dtype=torch.bfloat16, generator=g)
-            kc = torch.randn(1, nk, 8, d, device=dev, dtype=torch.bfloat16, generator=g)
-            lens = torch.full((1,), nk, dtype=torch.int32, device=dev)
-            row = {"D": d, "Nk": nk,
-                   "contiguous": _graph_us(lambda: ta.attention_kvcache(q, kc, kc, lens)),
-                   "dense": _graph_us(lambda: ta.attention(q, kc.transpose(1, 2), kc.transpose(1, 2)))}
-            ref = ta.attention_kvcache(q, kc, kc, lens).float()
-            for page in (64, 256):
-                if nk % page:
-                    continue
-                table = torch.randperm(nk // page, device=dev, generator=g).view(1, -1).to(torch.int32)
-                kp = torch.empty(nk // page, page, 8, d, device=dev, dtype=torch.bfloat16)
-                kp[table.long()] = kc.view(1, nk // page, page, 8, d)
-                out = ta.attention_kvcache(q, kp, kp, lens, block_table=table).float()
-                assert torch.equal(out, ref), f"paged-{page} differs from contiguous at D={d} Nk={nk}"
-                row[f"paged-{page}"] = _graph_us(lambda: ta.attention_kvcache(q, kp, kp, lens, block_table=table))
-            rows.append(row)
-            print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                  flush=True)
+    try:
+        for b, nq, nk in SHAPES:
+            sets = make_sets(b, nq, nk, dev, gen)
+            ref = reference(*sets[0][:3])
+            for extra, vec_max in BUILDS:
+                ta_triton.PAGED_EXTRA_STAGES, ta_triton.PAGED_VEC_MAX = extra, vec_max
+                _plan.clear_all()
+                row = {"B": b, "Nq": nq, "Nk": nk, "extra_stages": extra, "vec_max": vec_max}
+                for name, fn in fns.items():
+                    err = (fn(*sets[0]).float() - ref).abs().max().item()
+                    assert err <= 2 ** -6 * (1 + ref.abs().max().item()), f"{name} {row}: err {err}"
+                    row[name] = graph_ms(fn, sets) * 1e3
+                rows.append(row)
+                print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                      flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    finally:
+        ta_triton.PAGED_EXTRA_STAGES, ta_triton.PAGED_VEC_MAX = saved
+        _plan.clear_all()
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

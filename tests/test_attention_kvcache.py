@@ -531,18 +531,24 @@ def _paged_depth_problems() -> list[str]:
         opts = dict(num_warps=row["num_warps"], num_stages=row["num_stages"])
         dense, _ = _kv_buffers(dense_kernel, dict(base, CAUSAL=True), opts)
         extra = ta_triton.PAGED_EXTRA_STAGES
-        for page in (16, 64, 256):
+        # (page, PAGE_VEC, stages) as the planner builds them: a table read per tile takes the extra
+        # stages; the decode's short splits (their table entries in registers, PAGE_VEC) do not.
+        builds = [(page, 0, opts["num_stages"] + extra) for page in (16, 64, 256)]
+        if kind == "decode":
+            builds += [(page, 8, opts["num_stages"]) for page in (64, 256)]
+        for page, page_vec, stages in builds:
             ext = dict(base, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False, ALIBI=False, KEY_MASK=0, SEQ_K=True,
                        PAGED=True, PAGE=page)
             if kind == "fwd":
                 ext["VARLEN"] = False
             else:
-                ext["PREFETCH"] = True  # as the planner compiles the paged decode
-            paged, problem = _kv_buffers(ext_kernel, ext, dict(opts, num_stages=opts["num_stages"] + extra))
+                ext["PAGE_VEC"] = page_vec
+            paged, problem = _kv_buffers(ext_kernel, ext, dict(opts, num_stages=stages))
             if problem and not (kind == "fwd" and base["BLOCK_N"] > page):
                 problems.append(problem)
             if paged < dense:
-                problems.append(f"{kind} Nk={n_k} page {page}: {paged} K/V buffers, dense {dense}")
+                problems.append(f"{kind} Nk={n_k} page {page} PAGE_VEC {page_vec}: {paged} K/V buffers, "
+                                f"dense {dense}")
     return problems
 
 

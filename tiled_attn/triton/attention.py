@@ -309,6 +309,12 @@ def _window_flags(mods, causal: bool, offset: int, n_q: int, n_k: int) -> tuple[
 # µs against 13.8 µs contiguous. Two more stages restore the dense depth at about the dense
 # shared-memory size: tests/test_attention_kvcache.py::test_paged_pipeline_depth_for_sm90a.
 PAGED_EXTRA_STAGES = 2
+# The paged decode reads a split's block-table entries as one vector when they are at most this
+# many (attention_decode.py, PAGE_VEC): its K/V addresses then wait on no load inside the walk, so
+# it keeps the dense row's stages. Longer splits (long caches at large batch, where the per-tile
+# read hides behind many programs) read an entry per tile as the forward does.
+# benchmarks/probe_paged_decode.py times both ways.
+PAGED_VEC_MAX = 64
 
 
 def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, mods, *,
@@ -412,9 +418,14 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
     splits = _cdiv(max(n_seen, 1), split_len)
     rows = b * hq * n_q
     const.update(BLOCK_M=block_m, SPLIT=splits > 1)
+    page_vec = 0
+    if mods.paged is not None and page_size % cfg["BLOCK_N"] == 0:
+        span = _cdiv(split_len, page_size) + 1  # table entries a split can touch
+        page_vec = _pow2(span) if span <= PAGED_VEC_MAX else 0
+    if page_vec:
+        const.update(num_stages=cfg["num_stages"])
     decode = Launch(attention_decode_ext_kernel, (b * hkv * m_tiles * splits,),
-                    dict(const, WIDE=wide, PREFETCH=mods.paged is not None and not interpret),
-                    device).bind(*ext, m_tiles, splits, split_len, rows)
+                    dict(const, WIDE=wide, PAGE_VEC=page_vec), device).bind(*ext, m_tiles, splits, split_len, rows)
     merge = None
     if splits > 1:
         merge = Launch(attention_merge_kernel, (rows,),

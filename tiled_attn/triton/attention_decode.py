@@ -21,14 +21,8 @@ import triton
 import triton.language as tl
 
 from . import masks, online
-from .attention_fwd import dk_mask, finish_scale, head_dims, k_offsets, kv_walk, q_mask, q_offsets, to_output
-
-
-@triton.jit
-def prefetch_l1(ptr):
-    """Start pulling ptr's cache line into L1 (and L2); nothing waits for it."""
-    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
-                              is_pure=False, pack=1)
+from .attention_fwd import (dk_mask, finish_scale, head_dims, k_offsets, kv_walk, page_vector, q_mask, q_offsets,
+                            to_output)
 
 
 @triton.jit
@@ -47,14 +41,13 @@ def decode_program(
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
         SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr,
-        PREFETCH: tl.constexpr):
+        PAGE_VEC: tl.constexpr):
     """One (batch, kv head, row tile, key split). SEQ_K: batch b has SeqK[b] keys (n_k is the
     capacity), aligned bottom-right (offset + SeqK[b] − Nq); PAGED, the window, SOFTCAP, ALIBI and
     KEY_MASK as in attention_fwd.fwd_program (here a tile's rows belong to several heads, so the
-    ALiBi slope is per row); STORE_LSE = False: no lse is written (fwd_program). PREFETCH (PAGED,
-    compiled code only: the interpreter has no inline PTX): the split's first block-table entry is
-    requested at once, beside SeqK's, so the first K/V tile's address does not wait for a second
-    round trip to memory."""
+    ALiBi slope is per row); STORE_LSE = False: no lse is written (fwd_program). PAGE_VEC > 0
+    (PAGED, pages a multiple of BLOCK_N, a split touching at most PAGE_VEC table entries): the
+    split's entries are read in one load beside SeqK's, not one dependent read per key tile."""
     # Splits of one (batch, kv head, row tile) are adjacent programs: they run together and each
     # reads a disjoint slice of the same K/V.
     pid = tl.program_id(0)
@@ -66,13 +59,14 @@ def decode_program(
     b32 = bkv // n_kv_heads
     b = b32.to(tl.int64)
     kvh = bkv % n_kv_heads
-    if PAGED and PREFETCH:
-        # The pipelined walk reads the page of its first tile before it can address that tile,
-        # and that read is issued only once SeqK[b] has bounded the walk: two dependent misses
-        # (the table is cold in L2 when the pages of other sequences and layers came between),
-        # ~0.9 µs per program at B = 1 on the H200 (paged 12.1 vs contiguous 11.2 µs at 4096
-        # keys, tune_decode_splits.py). Prefetched here, the walk's read hits L1.
-        prefetch_l1(BlockTable + b * stride_tb + (split * split_len) // PAGE)
+    lo = split * split_len
+    if PAGED and PAGE_VEC > 0:
+        # Issued before SeqK is back: with a table read per tile, the walk's first K/V copy waited
+        # for SeqK and then for its page (ncu on the H200, B = 1, 4096 keys in 16 splits: that wait
+        # was the paged kernel's extra ~0.9 µs over the contiguous one's 8.6).
+        pages, page_e0 = page_vector(BlockTable + b * stride_tb, lo, n_k // PAGE, PAGE, PAGE_VEC)
+    else:
+        pages, page_e0 = 0, 0
 
     _, _, _, seq_k, offset = masks.sequence_bounds(SeqK, SeqK, SeqK, b32, n_q, n_k, offset, False, SEQ_K)
 
@@ -106,7 +100,6 @@ def decode_program(
     if ALIBI:
         slopes += tl.load(Slopes + b * stride_sb + h, mask=row_ok, other=0.0).to(tl.float32) * masks.LOG2E
 
-    lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_k)
     row_first = tl.min(tl.where(row_ok, i, n_q), axis=0)
     row_last = tl.max(tl.where(row_ok, i, -1), axis=0)
@@ -115,9 +108,9 @@ def decode_program(
     acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh, 0,
                         i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, hi, row_first, row_last, seq_k, offset,
                         left, right, qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
-                        BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb,
+                        BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb, pages, page_e0,
                         HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
+                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC)
 
     # Flat (B, Hq, Nq) row index: the lse layout, and the workspace's leading dim.
     flat = (b * n_heads + h) * n_q + i
@@ -161,7 +154,7 @@ def attention_decode_kernel(
                    m_tiles, n_splits, split_len, n_rows,
                    False, CAUSAL, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST,
                    WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, 1, STORE_LSE,
-                   False)
+                   0)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_splits", "split_len",
@@ -180,7 +173,7 @@ def attention_decode_ext_kernel(
         PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PREFETCH: tl.constexpr = False):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PAGE_VEC: tl.constexpr = 0):
     """Split-KV decode with a window, score modifications or a (paged) KV cache."""
     decode_program(Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
                    stride_qb, stride_qh, stride_qm, stride_qd,
@@ -192,7 +185,7 @@ def attention_decode_ext_kernel(
                    m_tiles, n_splits, split_len, n_rows,
                    HAS_LEFT, HAS_RIGHT, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION,
                    UPCAST, WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK,
-                   SEQ_K, PAGED, PAGE, True, PREFETCH)
+                   SEQ_K, PAGED, PAGE, True, PAGE_VEC)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])

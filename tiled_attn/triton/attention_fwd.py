@@ -133,14 +133,24 @@ def dk_mask(d_ok, SPLIT_D: tl.constexpr):
 
 
 @triton.jit
+def page_vector(bt_src, lo, n_entries, page_size, PAGE_VEC: tl.constexpr):
+    """Block-table entries lo // page_size .. + PAGE_VEC - 1 (past the table: 0) and the first's
+    index, for kv_loop's PAGE_VEC: one load a program instead of a dependent load a key tile."""
+    e0 = lo // page_size
+    offs = e0 + tl.arange(0, PAGE_VEC)
+    return tl.load(bt_src + offs, mask=offs < n_entries, other=0), e0
+
+
+@triton.jit
 def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
+            pages, page_e0,
             MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
             ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-            PAGED: tl.constexpr):
+            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr):
     """Fold keys [lo, hi) (lo a multiple of BLOCK_N) into (acc, m, l) for the query tile q.
 
     The last tile of a MASKED range is cut by n_k and the window, not by hi: so hi must be n_k,
@@ -156,7 +166,9 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     turn into p = 0 (and a fully masked row keeps m = -inf, l = 0). The score modifications of
     masks.py (SOFTCAP, ALIBI, KEY_MASK) apply to every tile; they need RAW = False (scores in log2
     units). PAGED: key j lives in page bt_src[j // page_size] (k_src/v_src then point at the kv
-    head of page 0; page_size is a constexpr); ADDR is "offs".
+    head of page 0; page_size is a constexpr); ADDR is "offs". PAGE_VEC > 0 (page_size a multiple
+    of BLOCK_N): the table entries page_e0 .. page_e0 + PAGE_VEC - 1 are already in registers
+    (`pages`, from page_vector) and hold every page of [lo, hi), so no tile waits on a table read.
 
     UPCAST is set only under TRITON_INTERPRET=1 for bfloat16, where Triton 3.6's interpreter has two
     bugs: it multiplies bfloat16 as raw uint16 bit patterns, and its float32 -> bfloat16 cast
@@ -194,7 +206,11 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
                 # the host did not check it) reads a wrong page, never out of bounds.
                 if page_size % BLOCK_N == 0:
                     # The tile lies in one page: one index, and rows as contiguous as a dense cache.
-                    page = tl.load(bt_src + start // page_size)
+                    if PAGE_VEC > 0:
+                        entry = start // page_size - page_e0
+                        page = tl.sum(tl.where(tl.arange(0, PAGE_VEC) == entry, pages, 0), axis=0)
+                    else:
+                        page = tl.load(bt_src + start // page_size)
                     page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
                     in_page = tl.cast(start % page_size, tl.int64)
                     k_ptrs = k_tile_ptrs + (page * stride_kp + in_page * stride_kn)
@@ -281,11 +297,12 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
 def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, row_first, row_last, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
+            pages, page_e0,
             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
             ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-            PAGED: tl.constexpr):
+            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr):
     """Fold every key of [lo, hi) that rows row_first..row_last can see: the three ranges of
     masks.kv_ranges (the masked head only where a window has a left edge)."""
     start, full_lo, full_hi, end = masks.kv_ranges(lo, hi, row_first, row_last, offset, left, right,
@@ -294,21 +311,21 @@ def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                             rows, dk_ok, dv_ok, start, full_lo, n_k, offset, left, right, qk_scale,
                             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                            stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                            stride_kp, stride_vp, pages, page_e0, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
                             PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                            KEY_MASK, PAGED)
+                            KEY_MASK, PAGED, PAGE_VEC)
     acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                         rows, dk_ok, dv_ok, full_lo, full_hi, n_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                        stride_kp, stride_vp, False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                        stride_kp, stride_vp, pages, page_e0, False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
                         PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                        KEY_MASK, PAGED)
+                        KEY_MASK, PAGED, PAGE_VEC)
     acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
                         rows, dk_ok, dv_ok, full_hi, end, n_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                        stride_kp, stride_vp, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
+                        stride_kp, stride_vp, pages, page_e0, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
                         PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                        KEY_MASK, PAGED)
+                        KEY_MASK, PAGED, PAGE_VEC)
     return acc, m, l
 
 
@@ -412,9 +429,9 @@ def fwd_program(
     acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, tma_b, kvh32, k_start,
                         rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right, qk_scale,
                         slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn, BlockTable + b * stride_tb,
-                        PAGE, n_pages, stride_kb, stride_vb,
+                        PAGE, n_pages, stride_kb, stride_vb, 0, 0,
                         HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED)
+                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, 0)
 
     out = online.attention_out(acc, l, ACCURATE)
     o_base = Out + b * stride_ob + h * stride_oh + q_row0 * stride_om
