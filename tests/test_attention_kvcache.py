@@ -246,6 +246,36 @@ def test_strided_query(backend, seed):
     check_kvcache(out, lse, q, cache, lens, nq, seed, f"{backend} strided", causal=True)
 
 
+@pytest.mark.parametrize("page", [None, 16])
+@pytest.mark.parametrize("nq,splits", [(1, 1), (1, 3), (20, None)])
+def test_out_alone_without_return_lse(page, nq, splits, monkeypatch, seed):
+    """A call without return_lse plans kernels that write out alone (no lse allocated or stored:
+    decode without and with splits, the forward kernel at Nq = 20); its out is bitwise the out of
+    the call with return_lse (the same kernels but for the lse stores), which follows the rule."""
+    device = require("triton")
+    if splits is not None:  # the decode kernel, its split count forced on these small caches
+        from tiled_attn.triton import attention as triton_attention
+        real = triton_attention.plan_forward_ext
+        monkeypatch.setattr(triton_attention, "plan_forward_ext",
+                            lambda *a, **kw: real(*a, **{**kw, "kernel": "decode", "num_splits": splits}))
+    gen = torch.Generator().manual_seed(seed)
+    cache = Cache(2, 64, 2, 32, torch.float16, device, gen, page)
+    q = randn((2, 4, nq, 32), torch.float16, device, gen)
+    lens = [37, 64 - nq]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    from tiled_attn import kvcache
+    kvcache._PLANS.clear()
+    out = ta.attention_kvcache(q, cache.k_cache, cache.v_cache, seqlens, block_table=cache.table, causal=True,
+                               backend="triton")
+    plan, = kvcache._PLANS.values()
+    assert not plan.attn.store_lse
+    out2, lse = ta.attention_kvcache(q, cache.k_cache, cache.v_cache, seqlens, block_table=cache.table,
+                                     causal=True, backend="triton", return_lse=True)
+    assert len(kvcache._PLANS) == 2
+    assert torch.equal(out, out2), "out-alone kernels differ from the lse kernels in out"
+    check_kvcache(out2, lse, q, cache, lens, 0, seed, f"page={page} nq={nq} splits={splits}", causal=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_metadata(backend, seed):
     """cache_seqlens a step-2 view and block_table a transposed one (column stride != 1): the

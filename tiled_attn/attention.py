@@ -86,12 +86,15 @@ class AttentionPlan:
     """A validated signature's forward: the backend, the outputs' layout and the launches."""
 
     __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
-                 "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods")
+                 "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods", "store_lse")
 
     def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str,
-                 mods: Mods | None = None):
+                 mods: Mods | None = None, store_lse: bool = True):
         self.backend, self.scale = backend, scale
         self.causal, self.offset, self.mods = causal, causal_offset, mods
+        # store_lse=False (a plan with mods on the Triton backend, for a caller that never wants
+        # lse: the KV-cache API without return_lse): forward allocates and writes out alone.
+        self.store_lse = store_lse or backend != "triton" or mods is None
         out, lse = _alloc(q, v)
         self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), q.dtype, q.device
         self.lse_size, self.lse_stride = lse.shape, lse.stride()
@@ -114,7 +117,7 @@ class AttentionPlan:
             self.planner = functools.partial(triton_attention.plan_forward, scale=scale, causal=causal,
                                              causal_offset=causal_offset, mods=mods)
             if mods is not None:
-                self.run = self.planner(q, k, v, out, lse)
+                self.run = self.planner(q, k, v, out, lse, store_lse=self.store_lse)
         elif backend == "cuda":
             from .cuda import attention as cuda_attention
             self.planner = functools.partial(cuda_attention.plan_forward, scale=scale, causal=causal,
@@ -130,22 +133,26 @@ class AttentionPlan:
         lse.copy_(l)
 
     def forward(self, q, k, v, *extras):
-        """(out, lse); lse is None on the native path (planned only where no lse is asked for)."""
+        """(out, lse); lse is None on the native path (planned only where no lse is asked for)
+        and in a plan made with store_lse=False."""
         if self.native_kw is not None:
             return F.scaled_dot_product_attention(q, k, v, **self.native_kw), None
         out = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
-        lse = torch.empty_strided(self.lse_size, self.lse_stride, dtype=_lse_dtype(self.dtype), device=self.device)
+        lse = (torch.empty_strided(self.lse_size, self.lse_stride, dtype=_lse_dtype(self.dtype), device=self.device)
+               if self.store_lse else None)
         if _checks.POISON_OUTPUTS:
             out.fill_(float("nan"))
-            lse.fill_(float("nan"))
+            if lse is not None:
+                lse.fill_(float("nan"))
         run = self.run
         if run is None and self.planner is not None:
             run = self.run = self.planner(q, k, v, out, lse)
         if run is not None:
-            run(q, k, v, out, lse, *extras)
+            run(q, k, v, out, out if lse is None else lse, *extras)
         elif self.empty == "keys":
             out.zero_()
-            lse.fill_(float("-inf"))
+            if lse is not None:
+                lse.fill_(float("-inf"))
         return out, lse
 
     def infer(self, q, k, v):

@@ -180,7 +180,7 @@ class _KvPlan:
                  "bounds", "copy_lens", "copy_table")
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, k_new, block_table, causal, scale, window, softcap,
-                 alibi_slopes, backend, n_new, capacity):
+                 alibi_slopes, backend, n_new, capacity, return_lse):
         b = q.shape[0]
         self.n_new, self.capacity, self.batch = n_new, capacity, b
         self.page, self.n_pages = k_cache.shape[1], k_cache.shape[0]
@@ -199,18 +199,21 @@ class _KvPlan:
         self.attn = None
         if self.backend != "torch":  # the torch backend runs the reference per call
             k4, v4 = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-            self.attn = AttentionPlan(q, k4, v4, self.scale, causal, 0, self.backend, self.mods)
+            # No lse asked: none allocated or written (an inference call's host time is mostly
+            # such steps, DESIGN §3).
+            self.attn = AttentionPlan(q, k4, v4, self.scale, causal, 0, self.backend, self.mods,
+                                      store_lse=return_lse)
 
 
 def _signature(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window, softcap,
-               alibi_slopes, backend) -> tuple:
+               alibi_slopes, backend, return_lse) -> tuple:
     """Everything _validate and the plan read (a value check aside): equal signatures, equal plans."""
     return (q.shape, q.stride(), q.dtype, q.device, _tensor_sig(k_cache), _tensor_sig(v_cache),
             None if k_new is None else _tensor_sig(k_new), None if v_new is None else _tensor_sig(v_new),
             None if block_table is None else _tensor_sig(block_table),
             int if type(cache_seqlens) is int else _tensor_sig(cache_seqlens),
             causal, type(causal), scale, type(scale), window, softcap, type(softcap),
-            None if alibi_slopes is None else _tensor_sig(alibi_slopes), backend)
+            None if alibi_slopes is None else _tensor_sig(alibi_slopes), backend, bool(return_lse))
 
 
 @_plan.eager_only  # host value checks and plan lookups: eager (a graph break)
@@ -224,7 +227,7 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=N
     plans) → the value check (cached by tensor version) → the append → the kernels."""
     try:
         key = _signature(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal, scale, window,
-                         softcap, alibi_slopes, backend)
+                         softcap, alibi_slopes, backend, return_lse)
         plan = _PLANS.get(key)
     except (TypeError, AttributeError):  # a non-tensor or unhashable argument: validation names it
         key = plan = None
@@ -233,7 +236,7 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=N
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         n_new, capacity = _validate(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale, backend)
         plan = _PLANS.put(key, _KvPlan(q, k_cache, v_cache, cache_seqlens, k_new, block_table, causal, scale,
-                                       window, softcap, alibi_slopes, backend, n_new, capacity))
+                                       window, softcap, alibi_slopes, backend, n_new, capacity, bool(return_lse)))
     if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or
                                     (k_new is not None and (k_new.requires_grad or v_new.requires_grad))):
         raise ValueError("attention_kvcache is inference only: its inputs must not require grad "

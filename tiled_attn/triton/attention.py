@@ -228,13 +228,11 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
     lse (B, Hq, Nq), for tensors with these shapes, strides, dtype and device (see module doc).
     With `mods` (tiled_attn.attention.Mods: a window, softcap, ALiBi, a key mask, packed sequences,
     a KV cache) the plan is plan_forward_ext's and run takes the extra tensors too.
-    `store_lse=False` (dense only): the kernels write no lse, and run's `lse` may be any tensor of
-    the call (an inference call's plan then allocates one output, not two)."""
+    `store_lse=False`: the kernels write no lse, and run's `lse` may be any tensor of the call (an
+    inference call's plan then allocates one output, not two)."""
     if mods is not None:
-        if not store_lse:
-            raise AssertionError("store_lse=False is planned for dense calls only")
         return plan_forward_ext(q, k, v, out, lse, scale, causal, causal_offset, mods, kernel=kernel,
-                                num_splits=num_splits)
+                                num_splits=num_splits, store_lse=store_lse)
     interpret = q.device.type != "cuda" or interpreted(attention_fwd_kernel)
     lp = _launch_plan(q, k, causal, causal_offset, kernel, num_splits, scale > 0, interpret)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
@@ -318,7 +316,7 @@ PAGED_VEC_MAX = 64
 
 
 def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offset: int, mods, *,
-                     kernel: str | None = None, num_splits: int | None = None):
+                     kernel: str | None = None, num_splits: int | None = None, store_lse: bool = True):
     """run(q, k, v, out, lse, slopes, key_mask, cu_q, cu_k, seq_k, block_table): the forward with
     `mods` (tiled_attn.attention.Mods) through attention_fwd_ext_kernel / attention_decode_ext_kernel.
     Tensors a call does not use are None. Shapes as the dense plan's, except: varlen q/k/v/out are
@@ -354,7 +352,7 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
                  SPLIT_D=block_d // SPLIT_D_CHUNK if fp32 else 1, ACCURATE=fp32,
                  ADDR="offs" if cfg["ADDR"] == "tma" or mods.paged is not None else cfg["ADDR"],
                  SOFTCAP=mods.softcap > 0, ALIBI=mods.alibi_stride >= 0, KEY_MASK=mods.key_mask,
-                 SEQ_K=mods.seq_k, PAGED=mods.paged is not None,
+                 SEQ_K=mods.seq_k, PAGED=mods.paged is not None, STORE_LSE=store_lse,
                  num_warps=cfg["num_warps"],
                  num_stages=cfg["num_stages"] + (PAGED_EXTRA_STAGES if mods.paged is not None else 0))
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
@@ -430,7 +428,7 @@ def plan_forward_ext(q, k, v, out, lse, scale: float, causal: bool, causal_offse
     if splits > 1:
         merge = Launch(attention_merge_kernel, (rows,),
                        dict(BLOCK_S=merge_tile(splits, block_d), HEAD_DIM=d, BLOCK_D=block_d, UPCAST=upcast,
-                            RAW=raw, ACCURATE=fp32, num_warps=cfg["merge_warps"]), device, ())
+                            RAW=raw, ACCURATE=fp32, STORE_LSE=store_lse, num_warps=cfg["merge_warps"]), device, ())
     workspace = rows * splits * (d + 2)
 
     def run(q, k, v, out, lse, slopes=None, key_mask=None, cu_q=None, cu_k=None, seq_k=None, table=None):

@@ -173,7 +173,8 @@ def attention_decode_ext_kernel(
         PRECISION: tl.constexpr, UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr,
         FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr,
         ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PAGE_VEC: tl.constexpr = 0):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PAGE_VEC: tl.constexpr = 0,
+        STORE_LSE: tl.constexpr = True):
     """Split-KV decode with a window, score modifications or a (paged) KV cache."""
     decode_program(Q, K, V, Out, Lse, Part, Slopes, KeyMask, SeqK, BlockTable,
                    stride_qb, stride_qh, stride_qm, stride_qd,
@@ -185,7 +186,7 @@ def attention_decode_ext_kernel(
                    m_tiles, n_splits, split_len, n_rows,
                    HAS_LEFT, HAS_RIGHT, SPLIT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION,
                    UPCAST, WIDE, RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK,
-                   SEQ_K, PAGED, PAGE, True, PAGE_VEC)
+                   SEQ_K, PAGED, PAGE, STORE_LSE, PAGE_VEC)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_q", "n_splits"])

@@ -489,7 +489,7 @@ def attention_fwd_ext_kernel(
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
         LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr = True):
     """The forward with windows, score modifications, packed sequences or a (paged) KV cache
     (fwd_program's doc); unused pointers are any tensor (never read)."""
     fwd_program(Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
@@ -501,4 +501,4 @@ def attention_fwd_ext_kernel(
                 n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE,
                 RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED, PAGE,
-                True)
+                STORE_LSE)
