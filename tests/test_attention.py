@@ -556,6 +556,20 @@ def test_merge_in_several_tiles(monkeypatch, seed):
         _check(out, lse, q, k, v, False, 229, 0.125, seed, f"merge in tiles {DT[dtype]}")
 
 
+@pytest.mark.parametrize("b,n_k,splits", [(1, 256, 1), (1, 512, 1), (1, 1024, 16), (1, 4096, 16),
+                                          (1, 16384, 32), (1, 32768, 33), (8, 4096, 4), (16, 32768, 2),
+                                          (32, 4096, 1), (64, 131072, 1)])
+def test_decode_splits_rule(b, n_k, splits):
+    """The split count of the sm90 decode row (GQA 32/8, D = 128, Nq = 1: 8 kv heads, one row tile
+    each, 132 SMs) per attention.decode_splits: one split up to min_split_keys keys, then up to one
+    program per SM, up to waves per SM where a split still reads min_split_keys, never past that."""
+    from tiled_attn.triton import attention as triton_attention
+    cfg = triton_attention.config("decode", torch.device("cpu"), torch.bfloat16, 128, False, n_k, "sm90")
+    got = triton_attention.decode_splits(b * 8, n_k, cfg, 132)
+    assert got == splits
+    assert got == 1 or b * 8 * got <= cfg["waves"] * 132
+
+
 def test_plan_cache_follows_the_table(monkeypatch):
     """Plans are cached per signature; replacing a config row must change the next launch."""
     if not backend_available("triton"):

@@ -115,15 +115,21 @@ def _effective_causal(causal: bool, offset: int, n_q: int, n_k: int) -> tuple[bo
 def decode_splits(programs: int, n_seen: int, cfg: dict, sms: int) -> int:
     """Key splits per (batch, kv head, row tile) of the split-KV decode, `programs` of those.
 
-    The grid gets up to one program per SM (splits as short as one key tile), and up to `waves`
-    per SM where each split still reads min_split_keys keys; never more: the split count is
-    floored, so the grid is never a wave and a bit, whose tail costs as much as the wave.
+    One for n_seen <= min_split_keys: a split adds the merge kernel's launch and the partials'
+    allocation, ~10 µs of host time per eager call, more than such a short cache's kernel takes
+    (H200, 2026-11-26: splitting 256 keys made ta.attention's decode call 36 µs of host against
+    F.sdpa's 24, and the Llama-3.2-1B-shaped generate() at batch 1 0.77x "sdpa"). Above it, the
+    grid gets up to one program per SM (splits as short as one key tile), and up to `waves` per
+    SM where each split still reads min_split_keys keys; never more: the split count is floored,
+    so the grid is never a wave and a bit, whose tail costs as much as the wave.
     Measured on the H200 (benchmarks/tune_decode_splits.py, 2026-11-26; GQA 32/8, D = 128, 132
     SMs, 3 programs resident per SM): the kernel time is best at 256 programs for B = 16 and 32
     (splits 2 and 1) and 12-18% worse at 384-512; at B = 1, 16 splits (128 programs) are best up
     to 16k keys (4096 keys: 32 splits 6% and 8 splits 18% slower) and 32-33 splits from 32k keys
     on (17 splits: 20% slower). The earlier rule (the ceiling of waves·SMs / programs, splits of
     >= min_split_keys) gave B = 32 two splits and B = 8 five, 4-18% slower."""
+    if n_seen <= cfg["min_split_keys"]:
+        return 1
     one_wave = max(1, sms // max(programs, 1))
     full = max(1, int(cfg["waves"] * sms) // max(programs, 1))
     return max(1, min(full, max(one_wave, _cdiv(n_seen, cfg["min_split_keys"]))))
