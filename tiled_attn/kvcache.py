@@ -11,7 +11,9 @@ Nq positions). cache_seqlens is not updated (as flash-attn). Inference only: no 
 
 The kernels are the dense forward and split-KV decode with SEQ_K (per-row key lengths) and PAGED
 (keys gathered through the table, page by page within a key tile) on: short queries (decode) split
-each row's keys over programs and pack the GQA group into the tile's rows as plain decode does.
+each row's keys over programs and pack the GQA group into the tile's rows as plain decode does; a
+short split of a paged cache reads its block-table entries in one load at its start. A call
+without return_lse allocates and writes no lse.
 Values (cache_seqlens, block_table) are checked on the host (a read-back: a device sync, several
 times a short decode step's time) whenever those tensors are new or were modified since their last
 check (torch's version counters); never under CUDA-graph capture or torch.compile tracing, nor with
