@@ -3,12 +3,12 @@ layout a decode step reads: the KV-cache API on a contiguous and a paged cache, 
 
     PYTHONPATH=. python benchmarks/tune_decode_splits.py [--out FILE.json] [--quick]
 
-Why (issue #15, 2026-11-26 ncu on the H200, benchmarks/results/ncu/): at B = 1, Nk = 4096 the sm90
-decode row (min_split_keys 512) runs 8 splits per kv head, 64 programs on 132 SMs: SMs are busy
-38% of the kernel and each program walks 8 key tiles one after another. Paged reads add a fixed
-latency per program (the first page index is read before the first K tile can be), so the paged /
-contiguous ratio is worst where programs are long and few. More, shorter splits fill the SMs, at
-the price of a larger partial workspace and merge.
+Why (issue #15; ncu on the H200, benchmarks/results/ncu/): under the rule before
+attention.decode_splits, B = 1 with Nk = 4096 ran 8 splits per kv head (min_split_keys 512), 64
+programs on 132 SMs: the SMs were busy 38% of the kernel, each program walking 8 key tiles one
+after another. More, shorter splits fill the SMs, at the price of a larger partial workspace and
+merge; at large batch, too many splits make a grid of a wave and a bit. The sweep of 2026-11-26
+(results/sweeps/2026-11-26-h200-decode-splits-grid) is what decode_splits was written from.
 
 Candidates: the table's decode row with (min_split_keys, waves) replaced (the rule that reads
 them: tiled_attn/triton/attention.py:decode_splits), for each of MIN_SPLIT_KEYS x WAVES, or the
