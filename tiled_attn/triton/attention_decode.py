@@ -59,12 +59,11 @@ def decode_program(
     b32 = bkv // n_kv_heads
     b = b32.to(tl.int64)
     kvh = bkv % n_kv_heads
-    lo = split * split_len
     if PAGED and PAGE_VEC > 0:
         # Issued before SeqK is back: with a table read per tile, the walk's first K/V copy waited
         # for SeqK and then for its page (ncu on the H200, B = 1, 4096 keys in 16 splits: that wait
         # was the paged kernel's extra ~0.9 µs over the contiguous one's 8.6).
-        pages, page_e0 = page_vector(BlockTable + b * stride_tb, lo, n_k // PAGE, PAGE, PAGE_VEC)
+        pages, page_e0 = page_vector(BlockTable + b * stride_tb, split * split_len, n_k // PAGE, PAGE, PAGE_VEC)
     else:
         pages, page_e0 = 0, 0
 
@@ -100,6 +99,10 @@ def decode_program(
     if ALIBI:
         slopes += tl.load(Slopes + b * stride_sb + h, mask=row_ok, other=0.0).to(tl.float32) * masks.LOG2E
 
+    # Computed here, not with the table read above: the dense decode's register allocation is the
+    # one its configs were checked at (tests/test_attention.py, sm_90a: computing it at the top
+    # spilled 8 bytes at float32, D = 64, causal).
+    lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_k)
     row_first = tl.min(tl.where(row_ok, i, n_q), axis=0)
     row_last = tl.max(tl.where(row_ok, i, -1), axis=0)
