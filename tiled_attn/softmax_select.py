@@ -93,7 +93,7 @@ def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
     archs = tuple(dict.fromkeys((arch, configs.base_arch(arch))))  # the model's rows, then its arch's
     for pool in pools:
         keys = [(a, dt, layout_key(contiguous), pool) for a in archs]
-        rows = next((configs.SOFTMAX_SELECT[k] for k in keys if configs.SOFTMAX_SELECT.get(k)), None)
+        rows = next((r for r in map(configs.SOFTMAX_SELECT.get, keys) if r), None)
         if not rows:
             continue
         for n_max, m_min, backend, kernel in rows:
