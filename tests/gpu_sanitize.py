@@ -243,10 +243,27 @@ def run_attention(res: Results, seed: int):
                         what=what + " lse")
 
 
+def force_dq_mode(mode: str) -> None:
+    """Make every Triton attention backward plan take this dQ mode ("pass", "atomic", "tma"),
+    whatever the config rows say (as tests/test_attention_backward.py's _force_rows)."""
+    from tiled_attn.triton import attention_backward as tb
+    real = tb.config
+
+    def config(kernel, device, dtype, d, arch=None):
+        row = dict(real(kernel, device, dtype, d, arch))
+        if kernel == "dkdv":
+            row["dq"] = mode
+        return row
+    tb.config = config
+
+
 def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
     """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
     both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
-    dtype; gradients against float64 autograd under the rule, poisoned outputs."""
+    dtype; gradients against float64 autograd under tests/test_attention_backward.py's check (the
+    rule, with its float32 recompute slack, and dq exactly 0 on rows that see no key), poisoned
+    outputs."""
+    from test_attention_backward import _check
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 300), (257, 128), (200, 200))
     heads = ((2, 2), (6, 2), (3, 1))
@@ -271,19 +288,7 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
             out = ta.attention(q, k, v, causal=causal, backend="triton")
             dout = torch.randn(out.shape, generator=gen).to(dtype).to(DEVICE)
             grads = torch.autograd.grad(out, (q, k, v), dout)
-            q6, k6, v6 = (t.detach().double().requires_grad_() for t in (q, k, v))
-            ref = torch.autograd.grad(reference.attention(q6, k6, v6, causal), (q6, k6, v6), dout.double())
-            g = hq // hkv
-            qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
-            kr, vr = (t.repeat_interleave(g, dim=1) for t in (kt, vt))
-            mask = reference._causal_mask(nq, nk, q.device, nk - nq) if causal else None
-            t_out = F.scaled_dot_product_attention(qt, kr, vr, attn_mask=mask)
-            if mask is not None:  # rows that see no key: torch gives NaN, the contract 0
-                t_out = torch.where(mask.any(dim=1)[:, None], t_out, torch.zeros_like(t_out))
-            own = torch.autograd.grad(t_out, (qt, kt, vt), dout)
-            for name, a, r, t in zip("qkv", grads, ref, own):
-                t = torch.where(torch.isfinite(t), t, r.to(t.dtype))
-                assert_rule(a, r, t, dtype=dtype, seed=seed, what=f"{what} d{name}")
+            _check(grads, q, k, v, dout, None, causal, None, nk - nq, seed, what)
 
 
 def run_big(res: Results, seed: int):
@@ -332,9 +337,13 @@ def main() -> int:
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
     p.add_argument("--bwd-dtypes", type=lambda s: s.split(","), default=None,
                    help="the attention backward's dtypes (fp32,bf16,fp16; default all)")
+    p.add_argument("--dq-mode", choices=("pass", "atomic", "tma"), default=None,
+                   help="the attention backward's dQ mode for every plan (default: the config rows')")
     p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args()
+    if args.dq_mode:
+        force_dq_mode(args.dq_mode)
 
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA device", file=sys.stderr)
