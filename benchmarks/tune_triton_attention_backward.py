@@ -7,9 +7,8 @@ the `attention_backward` suite's grid), every candidate row of the dK/dV kernel 
 configs.TRITON_ATTENTION_BACKWARD under this GPU's arch and the whole backward (delta, dK/dV, dQ:
 the launches that ship, through AttentionBackwardPlan) is timed with the dQ row fixed at the
 table's; then the dQ candidates with the best dK/dV row (the kernels are independent, so the two
-passes find the best pair); then the dK/dV rows of the modes that add dQ from the dK/dV kernel
-(no dQ kernel): "atomic" (scalar atomics) and "tma" (TMA bulk reduce-adds). --modes picks which;
-the table's own rows are always timed first. The summary gives the best of each mode. A candidate's gradients must first match the shipped ones (a few bf16
+passes find the best pair); then the dK/dV rows of the atomic dQ mode (no dQ kernel). The summary
+gives the best of each mode. A candidate's gradients must first match the shipped ones (a few bf16
 ulps: garbage fails). Every candidate builds for sm_90a without register spills
 (tests/test_attention_backward_sm90.py, -m slow).
 
@@ -50,34 +49,19 @@ CANDIDATES = {
                     _row(128, 32, 8, 3), _row(64, 64, 4, 4)],
     ("dq", "d128"): [_row(128, 32, 8, 3), _row(64, 32, 4, 3), _row(128, 64, 8, 2), _row(64, 64, 8, 3)],
 }
-# dK/dV rows of the dQ modes that add dS·K into a float32 accumulator from the dK/dV kernel (the dQ
-# kernel does not run): "atomic" (scalar atomics) and "tma" (bulk TMA reduce-adds). The tma rows
-# are the tiles that build with no spill in both causal modes with the extra dS·K product (ptxas,
-# 2026-11-26: BLOCK_M 32 at D = 128, 64 at D = 64 and 4 stages at 32x128 spill when causal).
-IN_KERNEL = {
-    "atomic": {
-        "d64": [dict(_row(32, 128, 8, 3), dq="atomic"), dict(_row(16, 128, 8, 3), dq="atomic")],
-        "d128": [dict(_row(16, 128, 8, 3), dq="atomic"), dict(_row(32, 64, 8, 2), dq="atomic")],
-    },
-    "tma": {
-        "d64": [dict(_row(*t), dq="tma") for t in ((16, 128, 8, 3), (16, 128, 8, 4), (32, 128, 8, 2),
-                                                   (32, 128, 8, 3), (16, 64, 4, 3))],
-        "d128": [dict(_row(*t), dq="tma") for t in ((16, 128, 8, 2), (16, 128, 8, 3))],
-    },
+# dK/dV rows of the atomic dQ mode (the kernel then also computes dS·K and adds it into dQ; the dQ
+# kernel does not run).
+ATOMIC = {
+    "d64": [dict(_row(32, 128, 8, 3), dq="atomic"), dict(_row(16, 128, 8, 3), dq="atomic")],
+    "d128": [dict(_row(16, 128, 8, 3), dq="atomic"), dict(_row(32, 64, 8, 2), dq="atomic")],
 }
 HEAD_DIMS = {"d64": 64, "d128": 128}
-MODES = ("pass", "atomic", "tma")
 
 
-def all_candidates(modes=MODES):
-    """(kernel, D, row) of every candidate of these dQ modes (tests/test_attention_backward_sm90.py
-    builds them)."""
-    out = []
-    if "pass" in modes:
-        out += [(k, HEAD_DIMS[dc], row) for (k, dc), rows in CANDIDATES.items() for row in rows]
-    for mode in modes:
-        out += [("dkdv", HEAD_DIMS[dc], row) for dc, rows in IN_KERNEL.get(mode, {}).items() for row in rows]
-    return out
+def all_candidates():
+    """(kernel, D, row) of every candidate (tests/test_attention_backward_sm90.py builds them)."""
+    return ([(k, HEAD_DIMS[dc], row) for (k, dc), rows in CANDIDATES.items() for row in rows]
+            + [("dkdv", HEAD_DIMS[dc], row) for dc, rows in ATOMIC.items() for row in rows])
 
 
 def install(kernel: str, d: int, row: dict, arch: str) -> None:
@@ -121,14 +105,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--modes", default=",".join(MODES),
-                    help="dQ modes to sweep (comma-separated; the shipped rows are always timed)")
     args = ap.parse_args()
-    modes = tuple(m for m in args.modes.split(",") if m)
     from triton.testing import do_bench
     device = torch.device("cuda")
     arch = configs.arch(device)
-    work = [(kernel, d, row, causal) for kernel, d, row in all_candidates(modes) for causal in (False, True)]
+    work = [(kernel, d, row, causal) for kernel, d, row in all_candidates() for causal in (False, True)]
     if args.jobs > 1:
         ctx = mp.get_context("spawn")
         with ctx.Pool(args.jobs) as pool:
@@ -163,30 +144,23 @@ def main():
             shipped = {kk: dict(configs.TRITON_ATTENTION_BACKWARD.get((kk, arch, "*", d_class(d)))
                                 or configs.TRITON_ATTENTION_BACKWARD[(kk, "any", "*", d_class(d))])
                        for kk in ("dkdv", "dq")}
-            table = {kk: dict(v) for kk, v in shipped.items()}
             shipped["dkdv"]["dq"] = "pass"
             q, k, v, out, dout = inputs(d, causal, device)
             ref = [g.float() for g in backward(q, k, v, out, dout)]
-            # The table's rows as they are (whatever their dQ mode): the figure to beat.
-            best[("table", d, causal)] = (sweep(label, d, causal, [table["dkdv"]], table, "dkdv",
-                                                q, k, v, out, dout, ref)[0], table)
-            if "pass" in modes:
-                # The best dK/dV row with the shipped dQ row, then the best dQ row with it.
-                ms, row = sweep(label, d, causal, CANDIDATES[("dkdv", d_class(d))], shipped, "dkdv",
-                                q, k, v, out, dout, ref)
-                if row is not None:
-                    shipped["dkdv"] = row
-                ms_pass, dq_row = sweep(label, d, causal, CANDIDATES[("dq", d_class(d))], shipped, "dq",
-                                        q, k, v, out, dout, ref)
-                if dq_row is not None:
-                    shipped["dq"] = dq_row
-                best[("pass", d, causal)] = (ms_pass, {"dkdv": shipped["dkdv"], "dq": shipped["dq"]})
-            for mode in modes:
-                if mode in IN_KERNEL:
-                    ms_mode, mode_row = sweep(label, d, causal, IN_KERNEL[mode][d_class(d)], shipped, "dkdv",
-                                              q, k, v, out, dout, ref)
-                    best[(mode, d, causal)] = (ms_mode, {"dkdv": mode_row})
-            for kk, r in table.items():
+            # The dQ pass: the best dK/dV row with the shipped dQ row, then the best dQ row with it.
+            ms, row = sweep(label, d, causal, CANDIDATES[("dkdv", d_class(d))], shipped, "dkdv",
+                            q, k, v, out, dout, ref)
+            if row is not None:
+                shipped["dkdv"] = row
+            ms_pass, dq_row = sweep(label, d, causal, CANDIDATES[("dq", d_class(d))], shipped, "dq",
+                                    q, k, v, out, dout, ref)
+            if dq_row is not None:
+                shipped["dq"] = dq_row
+            ms_atomic, atomic_row = sweep(label, d, causal, ATOMIC[d_class(d)], shipped, "dkdv",
+                                          q, k, v, out, dout, ref)
+            best[("pass", d, causal)] = (ms_pass, {"dkdv": shipped["dkdv"], "dq": shipped["dq"]})
+            best[("atomic", d, causal)] = (ms_atomic, {"dkdv": atomic_row})
+            for kk, r in shipped.items():
                 install(kk, d, r, arch)
     lines.append("# best per (dQ mode, D, causal): ms, rows")
     for key, (ms, rows) in best.items():

@@ -244,7 +244,7 @@ def run_attention(res: Results, seed: int):
 
 
 def force_dq_mode(mode: str) -> None:
-    """Make every Triton attention backward plan take this dQ mode ("pass", "atomic", "tma"),
+    """Make every Triton attention backward plan take this dQ mode ("pass" or "atomic"),
     whatever the config rows say (as tests/test_attention_backward.py's _force_rows)."""
     from tiled_attn.triton import attention_backward as tb
     real = tb.config
@@ -337,7 +337,7 @@ def main() -> int:
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
     p.add_argument("--bwd-dtypes", type=lambda s: s.split(","), default=None,
                    help="the attention backward's dtypes (fp32,bf16,fp16; default all)")
-    p.add_argument("--dq-mode", choices=("pass", "atomic", "tma"), default=None,
+    p.add_argument("--dq-mode", choices=("pass", "atomic"), default=None,
                    help="the attention backward's dQ mode for every plan (default: the config rows')")
     p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
     p.add_argument("--seed", type=int, default=None)

@@ -38,7 +38,7 @@ What runs where.
 * CUDA only: the flash-attn grid of issue #13 (12 shapes × 12 head dims × causal, dtype and head
   layout cycling so that every pair of the five dimensions appears: test_grids_cover_every_pair;
   lse's gradient too at the odd head dims when causal), determinism at B=2, Hq=8, Hkv=2, N=1000,
-  D=64 bf16 causal (with the shipped rows and with the atomic and tma dQ rows forced), and the backward's
+  D=64 bf16 causal (with the shipped rows and with the atomic dQ row forced), and the backward's
   peak memory at N = 32k.
 
 GPU run (H100, ~2 min): python -m pytest tests/test_attention_backward.py -n 12 --dist loadgroup
@@ -577,16 +577,8 @@ def _strided_output(t: torch.Tensor, i: int):
 _SMALL = {"num_warps": 4, "num_stages": 1}
 TILES = {"16x32/32x16": ({"BLOCK_M": 16, "BLOCK_N": 32, **_SMALL}, {"BLOCK_M": 32, "BLOCK_N": 16, **_SMALL}),
          "32x16/16x32": ({"BLOCK_M": 32, "BLOCK_N": 16, **_SMALL}, {"BLOCK_M": 16, "BLOCK_N": 32, **_SMALL})}
-def _mode_marks(mode: str) -> list:
-    """The "tma" dQ mode (TMA bulk reduce-adds) exists on sm90+ GPUs; the interpreter plans a "tma"
-    row as "atomic" (dq_mode), which its own cases already run."""
-    if mode == "tma" and not GPU_GRID:
-        return [pytest.mark.skip(reason="the tma dQ mode runs on an sm90+ GPU (the interpreter plans it as 'atomic')")]
-    return []
-
-
-KERNEL_CASES = [pytest.param(t, o, m, DTYPES[i % 3], id=_id(t, o, m, DTYPES[i % 3]), marks=_mode_marks(m))
-                for i, (t, o, m) in enumerate(itertools.product(TILES, [-20, 0, 1, 37], ["pass", "atomic", "tma"]))]
+KERNEL_CASES = [pytest.param(t, o, m, DTYPES[i % 3], id=_id(t, o, m, DTYPES[i % 3]))
+                for i, (t, o, m) in enumerate(itertools.product(TILES, [-20, 0, 1, 37], ["pass", "atomic"]))]
 
 
 @pytest.mark.parametrize("tiles,offset,mode,dtype", KERNEL_CASES)
@@ -636,23 +628,16 @@ def test_interpreter_runs_the_cpu_rows(kernel, dtype):
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT.get)
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=_mode_marks(m)) for m in ("atomic", "tma")])
-def test_atomic_dq_mode(backend, dtype, mode, monkeypatch, seed):
-    """The dQ modes that add dS·K into a float32 accumulator from the dK/dV kernel (a config row's
-    "dq": "atomic", scalar atomics, or "tma", bulk TMA reduce-adds) through ta.attention meet the
-    rule, with lse's gradient, and with rows whose lse is very negative against a ragged last key
-    tile; tma at an odd head dim too (the accumulator's rows are BLOCK_D wide) and with Nq not a
-    multiple of the query tile in several heads (the descriptor clips each head's last tile)."""
+def test_atomic_dq_mode(backend, dtype, monkeypatch, seed):
+    """The atomic dQ mode (a config row's "dq": "atomic": dS·K added into a float32 accumulator
+    by the dK/dV kernel) through ta.attention meets the rule, with lse's gradient, and with rows
+    whose lse is very negative against a ragged last key tile."""
     device = _require(backend, dtype, 64)
     from tiled_attn.triton import attention_backward as tb
-    _force_rows(monkeypatch, mode=mode)
-    assert tb.dq_mode(torch.empty(1, 1, 1, 64, dtype=dtype, device=device), False) == mode
+    _force_rows(monkeypatch, mode="atomic")
+    assert tb.dq_mode(torch.empty(1, 1, 1, 64, dtype=dtype, device=device), False) == "atomic"
     _case(backend, 2, "gqa", 33, 40, 64, dtype, True, seed, lse_grad=True)
     _very_negative(backend, dtype, seed, d=64)
-    if mode == "tma":
-        odd, wide = (59, 111) if backend == "triton" else (32, 96)  # the cuda forward's head dims
-        _case(backend, 3, "mqa", 77, 131, odd, dtype, False, seed)
-        _case(backend, 1, (8, 2), 200, 150, wide, dtype, True, seed)
 
 
 # -- determinism -----------------------------------------------------------------------------------
@@ -664,7 +649,7 @@ def _dq_mode(q, deterministic: bool) -> str:
 def _assert_repeatable(runs, q, backend, deterministic, what):
     """Every run's dq, dk, dv bitwise equal to the first's. dK/dV are always written by one program
     each; dq only without the atomic mode (the default may take it where the config row says)."""
-    atomic = backend != "torch" and _dq_mode(q, deterministic) in ("atomic", "tma")
+    atomic = backend != "torch" and _dq_mode(q, deterministic) == "atomic"
     for run in runs[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], run):
             if name == "dq" and atomic:
@@ -891,13 +876,13 @@ def test_gpu_grid(backend, shape, d, causal, heads, dtype, seed):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="determinism at this size runs on a CUDA device")
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("rows", ["shipped", "atomic", "tma"])
+@pytest.mark.parametrize("rows", ["shipped", "atomic"])
 def test_deterministic_gpu(backend, rows, monkeypatch, seed):
     """B=2, Hq=8, Hkv=2, N=1000, D=64, bf16, causal: three backward runs with deterministic=True
-    are bitwise identical, also when the config row says "atomic" or "tma" (forced), and meet the
-    rule; the default is repeatable in dK/dV, and in dQ unless its row adds dQ with atomics."""
-    if rows != "shipped":
-        _force_rows(monkeypatch, mode=rows)
+    are bitwise identical, also when the config row says "atomic" (rows="atomic": forced), and
+    meet the rule; the default is repeatable in dK/dV, and in dQ unless its row is atomic."""
+    if rows == "atomic":
+        _force_rows(monkeypatch, mode="atomic")
     dtype, d = torch.bfloat16, 64
     device = _require(backend, dtype, d)
     gen = torch.Generator().manual_seed(seed)
@@ -917,7 +902,7 @@ def test_deterministic_gpu(backend, rows, monkeypatch, seed):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 def test_backward_peak_memory(backend, deterministic, seed):
     """N = 32k (B=1, H=4, D=64, bf16, causal): the backward's peak extra memory is dq + dk + dv,
-    the float32 dQ accumulator where the atomic or tma mode runs, O(B·H·N) float32 workspaces (delta,
+    the float32 dQ accumulator where the atomic mode runs, O(B·H·N) float32 workspaces (delta,
     lse's zero gradient: 16 bytes a row allowed) and 8 MiB; one N × N float32 tensor would be
     16 GiB."""
     dtype, d = torch.bfloat16, 64
@@ -934,7 +919,7 @@ def test_backward_peak_memory(backend, deterministic, seed):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     grads = sum(t.numel() * t.element_size() for t in (dq, dk, dv))
-    acc = b * h * n * d * 4 if _dq_mode(q, deterministic) in ("atomic", "tma") else 0  # D = BLOCK_D = 64
+    acc = b * h * n * d * 4 if _dq_mode(q, deterministic) == "atomic" else 0
     bound = grads + acc + 16 * b * h * n + 8 * 2**20
     assert peak <= bound, (f"backward peak {peak / 2**20:.1f} MiB > bound {bound / 2**20:.1f} MiB (gradients "
                            f"{grads / 2**20:.1f} MiB, dQ accumulator {acc / 2**20:.1f} MiB)")

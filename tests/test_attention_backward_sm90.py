@@ -43,10 +43,10 @@ def _builds(which: str = "shipped") -> list:
             for d in HEAD_DIMS:
                 q = torch.empty(1, 1, 1, d, dtype=torch_dt)
                 for causal in (False, True):
-                    mode = tb.dq_mode(q, False, arch="sm90")
+                    atomic = tb.dq_mode(q, False, arch="sm90") == "atomic"
                     for name in kernels:
                         rows.append((name, dt, d, causal,
-                                     tb.launch_constants(q, name, False, causal, "sm90", mode)))
+                                     tb.launch_constants(q, name, False, causal, "sm90", atomic)))
                 block_d = max(16, 1 << (d - 1).bit_length())
                 add(f"delta {dt} D={d}", attention_bwd_delta_kernel, dt,
                     dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, HAS_DLSE=True, WIDE=False, num_warps=4))
@@ -59,14 +59,13 @@ def _builds(which: str = "shipped") -> list:
         rows = []
         for name, d, cand in tune.all_candidates():
             q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16)
-            base = tb.launch_constants(q, name, False, False, "sm90", cand.get("dq", "pass"))
+            base = tb.launch_constants(q, name, False, False, "sm90", cand.get("dq") == "atomic")
             tiles = {k: v for k, v in cand.items() if k != "dq"}
             for causal in (False, True):
                 rows.append((name, "bf16", d, causal, dict(base, CAUSAL=causal, **tiles)))
     for name, dt, d, causal, const in rows:
         const = dict(const, WIDE=False)
-        mode = " tma" if const.get("DQ_TMA") else " atomic" if const.get("ATOMIC_DQ") else ""
-        label = (f"{name}{mode} {dt} D={d} causal={causal} "
+        label = (f"{name}{' atomic' if const.get('ATOMIC_DQ') else ''} {dt} D={d} causal={causal} "
                  f"{const['BLOCK_M']}x{const['BLOCK_N']} w{const['num_warps']} s{const['num_stages']}")
         add(label, kernels[name], dt, const)
     return out
@@ -78,9 +77,6 @@ def _compile_one(which: str, index: int) -> str:
     for i, name in enumerate(kern.arg_names):
         if name in consts:
             signature[name] = "constexpr"
-        elif name == "DQdesc":  # the TMA mode's descriptor of the (B·Hq, Nq, BLOCK_D) accumulator
-            signature[name] = (f"tensordesc<fp32[1,{const['BLOCK_M']},{const['BLOCK_D']}]>"
-                               if const.get("DQ_TMA") else "*fp32")
         elif name in _FP32_ARGS:
             signature[name] = "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]

@@ -724,7 +724,10 @@ TRITON_ATTENTION_BACKWARD: dict = _Table({
     # bf16, N = 4096, B·N = 16k, H·D = 2048; benchmarks/results/2026-11-24-h100-tune-attention-
     # backward.txt). The dQ pass beat the atomic mode at every point (D = 64: 5.1 vs 7.3 ms,
     # causal 2.6 vs 3.6; D = 128: 5.4 vs 6.7, causal 2.7 vs 3.2), so every row keeps "pass".
-    # Best backward 254-271 TFLOP/s (counting 2.5x the forward's FLOPs).
+    # Best backward 254-271 TFLOP/s (counting 2.5x the forward's FLOPs). A third mode, dQ added by
+    # TMA bulk reduce-adds from the dK/dV kernel (FlashAttention-3's way), measured slower still on
+    # the H200 (194-200 vs 250-272 TFLOP/s) and was not kept:
+    # benchmarks/results/2026-11-26-h200-tune-attention-backward-tma.txt says why.
     ("dkdv", "sm90", "*", "d64"): {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("dq", "sm90", "*", "d64"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("dkdv", "sm90", "*", "d128"): {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import configs
 from . import online
@@ -41,22 +40,14 @@ def config(kernel: str, device: torch.device, dtype: torch.dtype, d: int, arch: 
 
 
 def dq_mode(q: torch.Tensor, deterministic: bool, arch: str | None = None) -> str:
-    """How dQ is computed: "pass" (its own kernel, bitwise-repeatable), "atomic" (float32 scalar
-    atomic adds from the dK/dV kernel) or "tma" (bulk TMA reduce-adds from it; sm90+ only, so a
-    "tma" row read by the interpreter runs "atomic", the same arithmetic), by the dkdv row's "dq"
-    field; deterministic=True forces "pass"."""
-    if deterministic:
-        return "pass"
-    mode = config("dkdv", q.device, q.dtype, q.shape[-1], arch)["dq"]
-    if mode == "tma" and arch is None and (q.device.type != "cuda" or interpreted(attention_bwd_dkdv_kernel)):
-        mode = "atomic"
-    return mode
+    """How dQ is computed: "pass" (its own kernel, bitwise-repeatable) or "atomic" (float32 atomic
+    adds from the dK/dV kernel), by the dkdv row's "dq" field; deterministic=True forces "pass"."""
+    return "pass" if deterministic else config("dkdv", q.device, q.dtype, q.shape[-1], arch)["dq"]
 
 
 def launch_constants(q: torch.Tensor, kernel: str, interpret: bool, causal: bool,
-                     arch: str | None = None, atomic_dq: bool | str = False) -> dict:
-    """The constexprs and launch options of `kernel` for q's dtype and head dim. atomic_dq (dkdv):
-    a dq_mode, or a bool (True: "atomic")."""
+                     arch: str | None = None, atomic_dq: bool = False) -> dict:
+    """The constexprs and launch options of `kernel` for q's dtype and head dim."""
     d = q.shape[-1]
     row = config(kernel, q.device, q.dtype, d, arch)
     fp32 = q.dtype == torch.float32
@@ -68,8 +59,7 @@ def launch_constants(q: torch.Tensor, kernel: str, interpret: bool, causal: bool
                  PRECISION="ieee" if fp32 or upcast else "tf32", UPCAST=upcast,
                  num_warps=row["num_warps"], num_stages=row["num_stages"])
     if kernel == "dkdv":
-        const["ATOMIC_DQ"] = atomic_dq in (True, "atomic", "tma")
-        const["DQ_TMA"] = atomic_dq == "tma"
+        const["ATOMIC_DQ"] = atomic_dq
     return const
 
 
@@ -93,9 +83,8 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     sq, sk, sv, so, sdo, sdq, sdk, sdv = strides
     qk_scale = scale * online.LOG2E
 
-    mode = dq_mode(q, deterministic)
-    atomic, tma = mode in ("atomic", "tma"), mode == "tma"
-    dkdv = launch_constants(q, "dkdv", interpret, causal, atomic_dq=mode)
+    atomic = dq_mode(q, deterministic) == "atomic"
+    dkdv = launch_constants(q, "dkdv", interpret, causal, atomic_dq=atomic)
     dqc = launch_constants(q, "dq", interpret, causal)
     n_tiles = _cdiv(n_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(n_q, dqc["BLOCK_M"])
@@ -115,22 +104,11 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
                             UPCAST=dkdv["UPCAST"], num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
                        device).bind(*sdq, hq, n_q, scale, delta_tiles)
 
-        block_d, block_m = dkdv["BLOCK_D"], dkdv["BLOCK_M"]
-
         def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
             ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-            # Rows of BLOCK_D columns (not D): the TMA box's rows are 16-byte multiples at any D,
-            # and the padded columns only ever receive dS·0.
-            acc = torch.zeros(delta_size * block_d, dtype=torch.float32, device=device)
+            acc = torch.zeros(delta_size * d, dtype=torch.float32, device=device)
             delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
-            if tma:
-                desc = TensorDescriptor(acc, [b * hq, n_q, block_d], [n_q * block_d, block_d, 1],
-                                        [1, block_m, block_d])
-                # Launch, not its bound form: the descriptor is not a tensor (Triton's launcher
-                # encodes its CUtensorMap on each call).
-                dkdv_launch.launch(q, k, v, grad_out, lse, ws, dk, dv, acc, desc, *dkdv_launch.ints)
-            else:
-                dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, acc, acc)  # DQdesc unused
+            dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, acc)
             store(acc, dq)
         return run
 
@@ -141,7 +119,7 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
         ws = torch.empty(delta_size, dtype=torch.float32, device=device)
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
-        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws, ws)  # no accumulator: ATOMIC_DQ is off
+        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
         dq_launch(q, k, v, grad_out, lse, ws, dq)
     return run
 

@@ -21,14 +21,9 @@ dQ comes one of two ways (the plan picks; configs.TRITON_ATTENTION_BACKWARD's "d
   all instead of 5), but every gradient is written by exactly one program in a fixed order:
   bitwise-repeatable. deterministic=True always takes it.
 * "atomic" (FlashAttention-2's way): the dK/dV kernel also computes each key tile's share dS·K
-  and adds it into a zeroed float32 (B·Hq, Nq, BLOCK_D) accumulator with atomic adds; then
+  and adds it into a zeroed float32 (B, Hq, Nq, D) accumulator with atomic adds; then
   attention_bwd_dq_store_kernel scales and casts it into dQ. 5 matmuls, but the order of the
   float32 additions varies from run to run (gradients differ in the last bits).
-* "tma" (FlashAttention-3's way, sm90+): as "atomic", but each [BLOCK_M, BLOCK_D] share goes to
-  the accumulator as one TMA bulk reduce-add (cp.reduce.async.bulk.tensor) through a host tensor
-  descriptor, instead of one scalar atomic per element: the scalar atomics made the atomic mode
-  slower than the pass on the H100 (2026-11-24 tuning). The descriptor's 3-D shape (B·Hq, Nq,
-  BLOCK_D) clips a ragged last query tile at its own head's Nq.
 
 Causal masks are handled like the forward's: tiles every row of which sees every key skip the mask;
 tiles no row sees are never visited. Rows past Nq load lse = −inf, which online.probs turns into
@@ -103,14 +98,13 @@ def attention_bwd_delta_kernel(
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, dq_desc, dq_head, stride_qm,
-               stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, hi, n_q, n_k, causal_offset, qk_scale,
-               MASKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_dom, q_tile,
+               do_tile, dq_tile, d_ok, cols, lo, hi, n_q, n_k, causal_offset, qk_scale, head_dim,
+               MASKED: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Fold query rows [lo, hi) of one head into (dk, dv) of the program's key tile. MASKED: apply
     the causal mask (key j visible to query i iff j <= i + causal_offset). ATOMIC_DQ: also add
-    this key tile's share of dQ, dS·K, into the float32 accumulator (unscaled): at dq_src by
-    scalar atomics, or (DQ_TMA) as a bulk reduce-add at rows (dq_head, start) of dq_desc."""
+    this key tile's share of dQ, dS·K, into the float32 accumulator at dq_src (unscaled)."""
     offs_m = tl.arange(0, BLOCK_M)
     for start in range(lo, hi, BLOCK_M):
         rows = start + offs_m
@@ -142,16 +136,13 @@ def _dkdv_loop(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, dq_desc,
             # of very negative scores, and inf·0 would be NaN in dS·K: zero their dS first.
             ds_dot = tl.where((cols < n_k)[:, None], ds_dot, 0.0).to(ds_dot.dtype)
             dq = tl.dot(tl.trans(ds_dot), k, input_precision=PRECISION)
-            if DQ_TMA:
-                dq_desc.atomic_add([dq_head, start, 0], tl.reshape(dq, [1, BLOCK_M, BLOCK_D]))
-            else:
-                tl.atomic_add(dq_src + m64 * BLOCK_D + dq_tile, dq, mask=ld_mask, sem="relaxed")
+            tl.atomic_add(dq_src + m64 * head_dim + dq_tile, dq, mask=ld_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "n_tiles"])
 def attention_bwd_dkdv_kernel(
-        Q, K, V, DO, Lse, Delta, DK, DV, DQacc, DQdesc,
+        Q, K, V, DO, Lse, Delta, DK, DV, DQacc,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -161,7 +152,7 @@ def attention_bwd_dkdv_kernel(
         n_kv_heads, group, n_q, n_k, causal_offset, qk_scale, sm_scale, n_tiles,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        WIDE: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr = False):
+        WIDE: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     # Consecutive programs share a kv head, so its group's q/dO stay in L2 across them.
     pid = tl.program_id(0)
     bh = pid // n_tiles
@@ -204,25 +195,23 @@ def attention_bwd_dkdv_kernel(
         full = 0
     q_tile = offs_m[:, None] * stride_qm + d[None, :] * stride_qd
     do_tile = offs_m[:, None] * stride_dom + d[None, :] * stride_dod
-    # The dQ accumulator: contiguous float32 (B·Hq, Nq, BLOCK_D).
-    dq_tile = offs_m[:, None] * BLOCK_D + d[None, :]
+    # The dQ accumulator: contiguous float32 (B, Hq, Nq, HEAD_DIM).
+    dq_tile = offs_m[:, None] * HEAD_DIM + d[None, :]
     n_heads = n_kv_heads * group
     for g in range(0, group):
         h = kvh * group + g
         q_src = Q + b * stride_qb + h * stride_qh
         do_src = DO + b * stride_dob + h * stride_doh
-        head = b * n_heads + h
-        row0 = head * n_q
-        dq_src = DQacc + row0 * BLOCK_D
-        dq_head = head.to(tl.int32)
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, DQdesc, dq_head,
-                            stride_qm, stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q, n_k,
-                            causal_offset, qk_scale, True, BLOCK_M, BLOCK_D, EVEN_D, PRECISION,
-                            UPCAST, ATOMIC_DQ, DQ_TMA)
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, DQdesc, dq_head,
-                            stride_qm, stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q, n_k,
-                            causal_offset, qk_scale, False, BLOCK_M, BLOCK_D, EVEN_D, PRECISION,
-                            UPCAST, ATOMIC_DQ, DQ_TMA)
+        row0 = (b * n_heads + h) * n_q
+        dq_src = DQacc + row0 * HEAD_DIM
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q, n_k,
+                            causal_offset, qk_scale, HEAD_DIM, True, BLOCK_M, EVEN_D, PRECISION,
+                            UPCAST, ATOMIC_DQ)
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q, n_k,
+                            causal_offset, qk_scale, HEAD_DIM, False, BLOCK_M, EVEN_D, PRECISION,
+                            UPCAST, ATOMIC_DQ)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + n64 * stride_dkn
@@ -360,7 +349,7 @@ def attention_bwd_dq_store_kernel(
         d = d.to(tl.int64)
     mask = (rows < n_q)[:, None] & (d < HEAD_DIM)[None, :]
     m64 = tl.cast(m0, tl.int64)
-    acc = tl.load(DQacc + (bh.to(tl.int64) * n_q + m64) * BLOCK_D + offs_m[:, None] * BLOCK_D + d[None, :],
+    acc = tl.load(DQacc + (bh.to(tl.int64) * n_q + m64) * HEAD_DIM + offs_m[:, None] * HEAD_DIM + d[None, :],
                   mask=mask, other=0.0)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm + offs_m[:, None] * stride_dqm
              + d[None, :] * stride_dqd, to_output(acc * sm_scale, DQ.dtype.element_ty, UPCAST), mask=mask)
