@@ -12,6 +12,11 @@ Targets:
   decode-contiguous / decode-paged64: ta.attention_kvcache at B=1, GQA 32/8, D=128, bf16, 4096
       keys, contiguous and 64-key pages through a shuffled block table (paged 0.88x contiguous in
       kernel time).
+  backward-d64 / backward-d128: the Triton attention backward (delta, dK/dV, dQ kernels) of
+      ta.attention at bf16, N = 4096, B·N = 16k tokens, H·D = 2048, not causal: the middle of the
+      attention_backward suite, 250-272 TFLOP/s on the H200 where cuDNN's is ~450-550. Each run is
+      one backward of a forward made once; `--kernel-name regex:attention_bwd_(dkdv|dq)` with
+      `--launch-skip 2 --launch-count 2` takes the second run's two big kernels.
 """
 from __future__ import annotations
 
@@ -33,7 +38,23 @@ def _targets(dev: torch.device) -> dict:
     table = torch.randperm(64, device=dev, generator=g).view(1, 64).to(torch.int32)
     pool = torch.empty(64, 64, 8, 128, device=dev, dtype=torch.bfloat16)
     pool[table[0].long()] = kc.view(64, 64, 8, 128)
+    def backward(d):
+        state = []  # made at the first call: only the probed target allocates
+
+        def run():
+            if not state:
+                b, h, n = 4, 2048 // d, 4096
+                qkv = [torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+                       for _ in range(3)]
+                out = ta.attention(*qkv, backend="triton")
+                state.extend([out, qkv, torch.randn(out.shape, device=dev, dtype=out.dtype, generator=g)])
+            out, qkv, dout = state
+            return torch.autograd.grad(out, qkv, dout, retain_graph=True)
+        return run
+
     return {
+        "backward-d64": backward(64),
+        "backward-d128": backward(128),
         "softmax-fp32-triton": lambda: ta.softmax(x, backend="triton"),
         "softmax-fp32-cuda": lambda: ta.softmax(x, backend="cuda"),
         "softmax-fp32-torch": lambda: torch.softmax(x, -1),
