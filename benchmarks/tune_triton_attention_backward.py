@@ -34,26 +34,24 @@ from tiled_attn.triton.attention import d_class  # noqa: E402
 TOKENS, HIDDEN, N = 16384, 2048, 4096
 
 
-def _row(bm, bn, w, s, regs=False):
+def _row(bm, bn, w, s, band=True):
     row = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
-    return dict(row, regs=True) if regs else row
+    return row if band else dict(row, band=False)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages[, regs]), each building for sm_90a with no register spill in both
-# causal modes (ptxas; 2026-11-24, and 2026-11-26 for the "regs" rows and dK/dV's one causal loop).
-# dK/dV keeps BLOCK_N keys on chip with two [BLOCK_N, D] float32 accumulators. "regs" keeps the
-# loop-invariant first operand of the products in registers (K, V in dK/dV; Q, dO in dQ): ncu put
-# the dK/dV kernel at 63-68% of L1/shared throughput with the tensor pipe at ~33% (H200, D = 128
-# and 64 at N = 4096), re-reading K and V from shared memory at every 16-query step.
+# (BLOCK_M, BLOCK_N, warps, stages[, band]), each building for sm_90a with no register spill in both
+# causal modes (ptxas; 2026-11-24, and 2026-11-26 for the "band": False rows). dK/dV keeps BLOCK_N
+# keys on chip with two [BLOCK_N, D] float32 accumulators: 128 keys spill at 4 warps, 64x64 tiles
+# spill at D >= 64, and with the causal band (a second copy of the loop) 32x128 spills at D = 128;
+# "band": False walks causal keys in one loop that masks every step (attention_bwd_dkdv_kernel).
+# 2026-11-26 (H200, benchmarks/results/2026-11-26-h200-tune-attention-backward.txt) also measured
+# K, V (and Q, dO in dQ) held in registers instead of shared memory: slower at every row, dropped.
 CANDIDATES = {
-    ("dkdv", "d64"): [_row(16, 64, 4, 3), _row(16, 64, 4, 3, True), _row(16, 64, 4, 4, True), _row(16, 128, 8, 3),
-                      _row(16, 128, 8, 3, True), _row(32, 128, 8, 3, True), _row(32, 64, 4, 3, True)],
-    ("dkdv", "d128"): [_row(16, 128, 8, 3), _row(16, 128, 8, 3, True), _row(16, 128, 8, 2, True),
-                       _row(16, 64, 4, 3, True), _row(32, 128, 8, 2), _row(32, 128, 8, 2, True)],
-    ("dq", "d64"): [_row(64, 64, 4, 3), _row(64, 64, 4, 3, True), _row(128, 64, 8, 3), _row(128, 64, 8, 3, True),
-                    _row(128, 32, 4, 4), _row(64, 32, 4, 4)],
-    ("dq", "d128"): [_row(64, 32, 4, 3), _row(64, 32, 4, 3, True), _row(128, 32, 8, 3), _row(128, 32, 8, 3, True),
-                     _row(64, 64, 4, 3, True), _row(128, 64, 8, 2)],
+    ("dkdv", "d64"): [_row(16, 64, 4, 3), _row(16, 64, 4, 3, False), _row(32, 64, 4, 3, False), _row(16, 128, 8, 3),
+                      _row(32, 128, 8, 3)],
+    ("dkdv", "d128"): [_row(16, 128, 8, 3), _row(16, 64, 4, 3, False), _row(32, 128, 8, 2, False)],
+    ("dq", "d64"): [_row(64, 64, 4, 3), _row(128, 64, 8, 3), _row(128, 32, 4, 4), _row(64, 32, 4, 4)],
+    ("dq", "d128"): [_row(64, 32, 4, 3), _row(128, 32, 8, 3), _row(128, 64, 8, 2)],
 }
 # dK/dV rows of the atomic dQ mode (the kernel then also computes dS·K and adds it into dQ; the dQ
 # kernel does not run).

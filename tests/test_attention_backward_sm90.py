@@ -60,15 +60,16 @@ def _builds(which: str = "shipped") -> list:
         for name, d, cand in tune.all_candidates():
             q = torch.empty(1, 1, 1, d, dtype=torch.bfloat16)
             base = tb.launch_constants(q, name, False, False, "sm90", cand.get("dq") == "atomic")
-            tiles = {k: v for k, v in cand.items() if k not in ("dq", "regs")}
+            tiles = {k: v for k, v in cand.items() if k not in ("dq", "band")}
+            if name == "dkdv":
+                tiles["BAND"] = cand.get("band", True)
             for causal in (False, True):
-                rows.append((name, "bf16", d, causal,
-                             dict(base, CAUSAL=causal, REGS=cand.get("regs", False), **tiles)))
+                rows.append((name, "bf16", d, causal, dict(base, CAUSAL=causal, **tiles)))
     for name, dt, d, causal, const in rows:
         const = dict(const, WIDE=False)
         label = (f"{name}{' atomic' if const.get('ATOMIC_DQ') else ''} {dt} D={d} causal={causal} "
                  f"{const['BLOCK_M']}x{const['BLOCK_N']} w{const['num_warps']} s{const['num_stages']}"
-                 f"{' regs' if const.get('REGS') else ''}")
+                 f"{' one-loop' if const.get('BAND') is False else ''}")
         add(label, kernels[name], dt, const)
     return out
 

@@ -730,7 +730,10 @@ TRITON_ATTENTION_BACKWARD: dict = _Table({
     # benchmarks/results/2026-11-26-h200-tune-attention-backward-tma.txt says why.
     ("dkdv", "sm90", "*", "d64"): {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
     ("dq", "sm90", "*", "d64"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    ("dkdv", "sm90", "*", "d128"): {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+    # D = 128 dK/dV: 32x128 tiles with one causal loop ("band": False; with the band they spill),
+    # remeasured on the H200 (2026-11-26, same method: 2026-11-26-h200-tune-attention-backward.txt):
+    # 5.18-5.20 ms against 16x128's 5.52 (causal 2.45-2.58 against 2.73-2.87).
+    ("dkdv", "sm90", "*", "d128"): {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "band": False},
     ("dq", "sm90", "*", "d128"): {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
     ("dkdv", "any", "*", "d64"): {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
     ("dq", "any", "*", "d64"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 4},
@@ -740,9 +743,7 @@ TRITON_ATTENTION_BACKWARD: dict = _Table({
     ("dq", "any", "*", "d256"): {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
     ("dkdv", "any", "fp32", "d64"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     ("dq", "any", "fp32", "d64"): {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
-    # 2 stages, not 1: with dK/dV's one causal loop, ptxas spilled 8 bytes at 1 stage (80 registers)
-    # and builds 2 with none (110) (sm_90a, 2026-11-26).
-    ("dkdv", "any", "fp32", "d128"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
+    ("dkdv", "any", "fp32", "d128"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1},
     ("dq", "any", "fp32", "d128"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
     ("dkdv", "any", "fp32", "d256"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
     ("dq", "any", "fp32", "d256"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 1},
@@ -752,9 +753,9 @@ TRITON_ATTENTION_BACKWARD: dict = _Table({
 # Fields a row may leave out. "dq" (dkdv rows): "pass" (dQ by its own kernel: deterministic) or
 # "atomic" (float32 atomic adds from the dK/dV kernel: 5 matmuls instead of 7, not bitwise
 # repeatable; deterministic=True takes "pass" regardless). attention_bwd.py says more.
-# "regs" (dense kernels): keep the loop-invariant first operand of the loop's products (K and V in
-# dK/dV, Q and dO in dQ) in registers instead of shared memory (attention_bwd._in_registers).
-TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass", "regs": False}
+# "band" (dkdv rows): causal walks the diagonal band in its own masked loop (True) or masks every
+# step of one loop (False: fewer registers, a mask a step; attention_bwd_dkdv_kernel says more).
+TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass", "band": True}
 # The delta pre-pass (rowsum(dO·O)) and the atomic mode's dQ store: rows per program and warps
 # (memory-bound passes).
 TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}

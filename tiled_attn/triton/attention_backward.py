@@ -57,9 +57,10 @@ def launch_constants(q: torch.Tensor, kernel: str, interpret: bool, causal: bool
                  BLOCK_D=block_d, EVEN_D=block_d == d,
                  # float32: a true fp32 product (TF32 breaks the numerics rule, as in the forward).
                  PRECISION="ieee" if fp32 or upcast else "tf32", UPCAST=upcast,
-                 num_warps=row["num_warps"], num_stages=row["num_stages"], REGS=row["regs"])
+                 num_warps=row["num_warps"], num_stages=row["num_stages"])
     if kernel == "dkdv":
         const["ATOMIC_DQ"] = atomic_dq
+        const["BAND"] = row["band"]
     return const
 
 
@@ -157,7 +158,7 @@ def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: 
     for c in (dkdv, dqc):
         del c["CAUSAL"]
         c.pop("ATOMIC_DQ", None)
-        c.pop("REGS")  # the dense kernels' operand placement (attention_bwd._in_registers)
+        c.pop("BAND", None)  # the dense dK/dV kernel's causal loop structure
         c.update(mod_const, ACCURATE=c["PRECISION"] == "ieee", WIDE=wide)
     n_tiles = _cdiv(max_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(max_q, dqc["BLOCK_M"])

@@ -25,10 +25,10 @@ dQ comes one of two ways (the plan picks; configs.TRITON_ATTENTION_BACKWARD's "d
   attention_bwd_dq_store_kernel scales and casts it into dQ. 5 matmuls, but the order of the
   float32 additions varies from run to run (gradients differ in the last bits).
 
-Causal masks: tiles no row sees are never visited. The dQ kernel, like the forward, skips the mask
-on tiles every row of which sees every key; the dK/dV kernel masks every step of its one loop
-(attention_bwd_dkdv_kernel's comment says why). Rows past Nq load lse = −inf, which online.probs turns into
-p = 0, so ragged tiles need no other mask in the dK/dV kernel (keys past Nk are computed but never
+Causal masks are handled like the forward's: tiles every row of which sees every key skip the mask;
+tiles no row sees are never visited (the dK/dV kernel may instead mask every step of one loop, by
+its config row: attention_bwd_dkdv_kernel's comment says when and why). Rows past Nq load lse =
+−inf, which online.probs turns into p = 0, so ragged tiles need no other mask in the dK/dV kernel (keys past Nk are computed but never
 stored there; the dQ kernel masks them). 16-bit inputs: P and dS are rounded to the input dtype
 for the tensor-core products, as in FlashAttention; float32 inputs use input_precision="ieee".
 UPCAST (the interpreter's bfloat16, see attention_fwd.kv_loop) widens the operands to float32 and
@@ -64,16 +64,6 @@ def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def _in_registers(x, rows_ok):
-    """x, a loaded [rows, D] tile that is the loop-invariant first operand of the loop's products,
-    as a computed value (a select on rows the load already zeroed: exact). Triton's Hopper lowering
-    keeps a loaded first operand of a warpgroup MMA in shared memory, so every query step reads the
-    whole tile again: with 16-column steps that traffic bounded the dK/dV kernel (ncu, H200
-    2026-11-26: L1/shared 63-68% busy, tensor pipe ~33%). A computed one stays in registers."""
-    return tl.where(rows_ok[:, None], x, 0.0).to(x.dtype)
 
 
 @triton.jit
@@ -163,7 +153,7 @@ def attention_bwd_dkdv_kernel(
         n_kv_heads, group, n_q, n_k, causal_offset, qk_scale, sm_scale, n_tiles,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        WIDE: tl.constexpr, ATOMIC_DQ: tl.constexpr, REGS: tl.constexpr = False):
+        WIDE: tl.constexpr, ATOMIC_DQ: tl.constexpr, BAND: tl.constexpr = True):
     # Consecutive programs share a kv head, so its group's q/dO stay in L2 across them.
     pid = tl.program_id(0)
     bh = pid // n_tiles
@@ -191,21 +181,28 @@ def attention_bwd_dkdv_kernel(
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    if REGS:
-        k = _in_registers(k, col_ok)
-        v = _in_registers(v, col_ok)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    # Query rows that see some key of the tile: i >= n0 - offset. Causal runs one loop that masks
-    # every step, where the forward splits off the diagonal band: the mask is a compare and a
-    # select on BLOCK_N·BLOCK_M/threads elements a step, and a second pipelined copy of this loop
-    # body cost up to ~90 registers a thread (ptxas, sm_90a: 240 vs 154 at D = 64, 16x64 tiles).
+    # Query rows that see some key of the tile: i >= n0 - offset; every key: i >= last - offset.
+    # Causal with BAND (the config row's "band"): the diagonal band [lo, full) has its own masked
+    # loop and the rows past it an unmasked one, as in the forward. Without: one loop that masks
+    # every step. The band's second pipelined copy of the loop body costs registers (ptxas, sm_90a:
+    # 240 vs 166 at D = 64, 16x64 tiles) and the every-step mask costs time (H200, N = 4096: 19%
+    # at D = 64, 16x64); only the one loop builds 32x128 tiles at D = 128 without spilling, which
+    # run that causal backward 6-11% faster than 16x128 with the band (configs.py).
     if CAUSAL:
         lo = tl.maximum(n0 - causal_offset, 0)
         lo = tl.minimum((lo // BLOCK_M) * BLOCK_M, n_q)
+        if BAND:
+            last = tl.minimum(n0 + BLOCK_N, n_k) - 1
+            full = lo + ((tl.maximum(last - causal_offset - lo, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+            full = tl.minimum(full, n_q)
+        else:
+            full = n_q
     else:
         lo = 0
+        full = 0
     q_tile = offs_m[:, None] * stride_qm + d[None, :] * stride_qd
     do_tile = offs_m[:, None] * stride_dom + d[None, :] * stride_dod
     # The dQ accumulator: contiguous float32 (B, Hq, Nq, HEAD_DIM).
@@ -218,9 +215,14 @@ def attention_bwd_dkdv_kernel(
         row0 = (b * n_heads + h) * n_q
         dq_src = DQacc + row0 * HEAD_DIM
         dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
-                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, n_q, n_q, n_k,
-                            causal_offset, qk_scale, HEAD_DIM, CAUSAL, BLOCK_M, EVEN_D, PRECISION,
+                            stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, lo, full, n_q, n_k,
+                            causal_offset, qk_scale, HEAD_DIM, True, BLOCK_M, EVEN_D, PRECISION,
                             UPCAST, ATOMIC_DQ)
+        if not CAUSAL or BAND:
+            dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse + row0, Delta + row0, dq_src, stride_qm,
+                                stride_dom, q_tile, do_tile, dq_tile, d_ok, cols, full, n_q, n_q, n_k,
+                                causal_offset, qk_scale, HEAD_DIM, False, BLOCK_M, EVEN_D, PRECISION,
+                                UPCAST, ATOMIC_DQ)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + kvh * stride_dkh + n64 * stride_dkn
@@ -283,7 +285,7 @@ def attention_bwd_dq_kernel(
         n_heads, group, n_q, n_k, causal_offset, qk_scale, sm_scale, m_tiles,
         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-        WIDE: tl.constexpr, REGS: tl.constexpr = False):
+        WIDE: tl.constexpr):
     # As the forward: a 1-D grid, consecutive programs share a head, causal's longest rows first.
     pid = tl.program_id(0)
     bh = pid // m_tiles
@@ -318,9 +320,6 @@ def attention_bwd_dq_kernel(
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    if REGS:
-        q = _in_registers(q, row_ok)
-        do = _in_registers(do, row_ok)
 
     k_src = K + b * stride_kb + kvh * stride_kh
     v_src = V + b * stride_vb + kvh * stride_vh
