@@ -516,6 +516,26 @@ def test_large_scores(backend, dtype, causal, seed):
     _case(backend, 2, "gqa", 33, 40, 32, dtype, causal, seed, q_scale=2500.0, lse_grad=causal)
 
 
+# Seeds that failed test_large_scores (DESIGN §4: a seed that ever fails becomes a named case).
+# H200, 2026-11-26, fresh seeds: triton fp16 not causal, dk 4.72 against torch's 1.15 (the rule's
+# bound 2.29) at q ~ 2500·N(0, 1); bf16, causal and the CPU interpreter passed. The kernels ran were
+# the dense path unchanged since session 7. Suspected: P recomputed from the forward's lse at
+# |scores| ~ 1e4, where float32 rounding of the exponent (forward's lse in three roundings, its
+# log2 conversion, and the backward's score summation order) is ~1e-4 absolute, i.e. a relative
+# error of P that dS·Q multiplies by |Q| ~ 1e4. Open in issue #13; strict xfail on the GPU, so
+# the fix must remove the mark.
+_LARGE_SCORE_SEEDS = [pytest.param(
+    "triton", torch.float16, False, 552450262, id="triton-fp16-False-552450262",
+    marks=pytest.mark.xfail(GPU_GRID, strict=True, reason="issue #13: P's recompute at |scores| ~ 1e4 "
+                                                            "(2026-11-26, H200)"))]
+
+
+@pytest.mark.parametrize("backend,dtype,causal,case_seed", _LARGE_SCORE_SEEDS)
+def test_large_scores_named_seeds(backend, dtype, causal, case_seed):
+    _on_this_device(backend)
+    _case(backend, 2, "gqa", 33, 40, 32, dtype, causal, case_seed, q_scale=2500.0, lse_grad=causal)
+
+
 def _very_negative(backend, dtype, seed, d=32):
     """Every score of a row near −3000 (keys along one direction, queries against it): lse ≈ −500,
     so exp(s − lse) of anything that is not a score (a padded key of a ragged tile) overflows."""
