@@ -519,15 +519,16 @@ def test_large_scores(backend, dtype, causal, seed):
 # Seeds that failed test_large_scores (DESIGN §4: a seed that ever fails becomes a named case).
 # H200, 2026-11-26, fresh seeds: triton fp16 not causal, dk 4.72 against torch's 1.15 (the rule's
 # bound 2.29) at q ~ 2500·N(0, 1); bf16, causal and the CPU interpreter passed. The kernels ran were
-# the dense path unchanged since session 7. Suspected: P recomputed from the forward's lse at
-# |scores| ~ 1e4, where float32 rounding of the exponent (forward's lse in three roundings, its
-# log2 conversion, and the backward's score summation order) is ~1e-4 absolute, i.e. a relative
-# error of P that dS·Q multiplies by |Q| ~ 1e4. Open in issue #13; strict xfail on the GPU, so
-# the fix must remove the mark.
+# the dense path unchanged since session 7. benchmarks/probe_bwd_large_scores.py (H200) feeds the
+# backward kernels other (out, lse): the float64 reference's lse changes nothing (dk 4.72), its out
+# rounded once to fp16 passes (dk 0.99). So it is the forward's fp16 O (max error 9.8e-4, a half
+# ulp there, against 8.1e-4 on the CPU) through delta = rowsum(dO·O): at |scores| ~ 1e4 P is near
+# one-hot, dP − delta cancels, and dK = scale·dSᵀ·Q multiplies what is left by |Q| ~ 1e4. Open in
+# issue #13; strict xfail on the GPU, so the fix must remove the mark.
 _LARGE_SCORE_SEEDS = [pytest.param(
     "triton", torch.float16, False, 552450262, id="triton-fp16-False-552450262",
-    marks=pytest.mark.xfail(GPU_GRID, strict=True, reason="issue #13: P's recompute at |scores| ~ 1e4 "
-                                                            "(2026-11-26, H200)"))]
+    marks=pytest.mark.xfail(GPU_GRID, strict=True, reason="issue #13: delta from the forward's fp16 O at "
+                                                            "|scores| ~ 1e4 (2026-11-26, H200)"))]
 
 
 @pytest.mark.parametrize("backend,dtype,causal,case_seed", _LARGE_SCORE_SEEDS)
