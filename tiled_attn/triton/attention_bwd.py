@@ -29,8 +29,9 @@ Causal masks are handled like the forward's: tiles every row of which sees every
 tiles no row sees are never visited (the dK/dV kernel may instead mask every step of one loop, by
 its config row: attention_bwd_dkdv_kernel's comment says when and why). Rows past Nq load lse =
 −inf, which online.probs turns into p = 0, so ragged tiles need no other mask in the dK/dV kernel
-(keys past Nk are computed but never stored there; the dQ kernel masks them). 16-bit inputs: P and dS are rounded to the input dtype
-for the tensor-core products, as in FlashAttention; float32 inputs use input_precision="ieee".
+(keys past Nk are computed but never stored there; the dQ kernel masks them). 16-bit inputs: P
+and dS are rounded to the input dtype for the tensor-core products, as in FlashAttention; float32
+inputs use input_precision="ieee".
 UPCAST (the interpreter's bfloat16, see attention_fwd.kv_loop) widens the operands to float32 and
 rounds P and dS on their bits instead.
 """
