@@ -243,20 +243,6 @@ def run_attention(res: Results, seed: int):
                         what=what + " lse")
 
 
-def force_dq_mode(mode: str) -> None:
-    """Make every Triton attention backward plan take this dQ mode ("pass" or "atomic"),
-    whatever the config rows say (as tests/test_attention_backward.py's _force_rows)."""
-    from tiled_attn.triton import attention_backward as tb
-    real = tb.config
-
-    def config(kernel, device, dtype, d, arch=None):
-        row = dict(real(kernel, device, dtype, d, arch))
-        if kernel == "dkdv":
-            row["dq"] = mode
-        return row
-    tb.config = config
-
-
 def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
     """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
     both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
@@ -343,7 +329,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args()
     if args.dq_mode:
-        force_dq_mode(args.dq_mode)
+        import pytest
+        from test_attention_backward import _force_rows
+        _force_rows(pytest.MonkeyPatch(), mode=args.dq_mode)  # for the whole run: never undone
 
     if not torch.cuda.is_available():
         print("gpu_sanitize: no CUDA device", file=sys.stderr)
