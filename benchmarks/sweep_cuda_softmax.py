@@ -1,14 +1,16 @@
 """Sweep launch configs of the CUDA softmax's fast rungs on this GPU; print the CUDA_SOFTMAX rows.
 
     PYTHONPATH=. python benchmarks/sweep_cuda_softmax.py --out $OUT/cuda_softmax_sweep [--dtype bf16]
+        [--shapes 1179602x23,4050x1391] [--kernels flat_rows,warp_row]
 
-Per (shape, dtype) of the softmax ladder (benchmarks/suite_softmax.py), each fast rung that takes
-the row (warp_row, block_row_reg, block_row_smem, split_row) is timed with its "any" row of
+Per (shape, dtype) of the softmax ladder (benchmarks/suite_softmax.py, or --shapes), each fast rung
+that takes the row (warp_row, block_row_reg, block_row_smem, split_row, flat_rows) is timed with its "any" row of
 configs.CUDA_SOFTMAX and with the candidates below, each installed as this arch's row of size
 class exactly N and run through the public ta.softmax(x, -1, backend="cuda", kernel=...): what is
 timed is what ships. A candidate must pass DESIGN §4 (harness.check_rule against float64) before it
 is timed (harness.CudaTimer: CUDA graphs, inputs rotated through >= 2x L2). GB/s count one read +
-one write, % of harness.measure_ceilings' copy, measured in the same run.
+one write, % of harness.measure_ceilings' copy, measured in the same run. torch.softmax and
+backend=None ("default") are timed the same way on each shape, for the comparison.
 
 Writes --out/sweep.json (every measurement) and sweep.md (the best per shape and rung, and the
 rows to put in CUDA_SOFTMAX); applying them is a reviewed edit of configs.py, not automatic.
@@ -44,10 +46,12 @@ CANDIDATES = {
                        for t, b in itertools.product((256, 512, 1024), (16384, 32768, 65536, 114688, 0))],
     "split_row": [dict(threads=t, chunk=c, min_chunk=4096, blocks_per_sm=b)
                   for t, c, b in itertools.product((256, 512), (16384, 32768, 65536, 131072), (2, 4, 8))],
+    # flat_rows: the span a block stages (cta_bytes, 0 = 48 KB) against blocks an SM
+    "flat_rows": [dict(threads=t, cta_bytes=b) for t, b in itertools.product((64, 128, 256), (8192, 16384, 0))],
 }
 # The lengths where a rung is, or could become, the default (CUDA_SOFTMAX "default" rows).
 N_RANGE = {"warp_row": (1, 1024), "block_row_reg": (1024, 32768), "block_row_smem": (4096, 1 << 20),
-           "split_row": (131072, 1 << 40)}
+           "split_row": (131072, 1 << 40), "flat_rows": (1, 2048)}
 
 
 def run(args) -> dict:
@@ -58,7 +62,7 @@ def run(args) -> dict:
     records, t0 = [], time.time()
     for dname in args.dtype.split(","):
         dtype = DTYPES[dname]
-        for shape in SHAPES:
+        for shape in args.shapes or SHAPES:
             m, n = shape["M"], shape["N"]
             nbytes = 2 * m * n * dtype.itemsize
             sets = h.rotation_sets(m * n * dtype.itemsize, dev)
@@ -66,7 +70,15 @@ def run(args) -> dict:
             xs = [torch.randn(m, n, generator=g).to(dev, dtype) for _ in range(sets)]
             ref = torch.softmax(xs[0].double(), -1)
             e_torch = h.max_err(torch.softmax(xs[0], -1), ref)
+            for name, fn in (("torch.softmax", lambda j: torch.softmax(xs[j % sets], -1)),
+                             ("default", lambda j: ta.softmax(xs[j % sets], -1))):
+                t = timer.measure(fn, sets)
+                gbps = nbytes / (t.ms * 1e-3) / 1e9
+                records.append(dict(M=m, N=n, dtype=dname, kernel=name, cfg="-", status="ok", ms=t.ms, gbps=gbps,
+                                    pct=100 * gbps / ceil["copy_gbps"]))
             for kernel, cands in CANDIDATES.items():
+                if args.kernels and kernel not in args.kernels:
+                    continue
                 lo, hi = N_RANGE[kernel]
                 if not lo <= n <= hi:
                     continue
@@ -129,6 +141,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", default="fp32,bf16")
     p.add_argument("--budget", type=float, default=240.0, help="seconds of timing")
+    p.add_argument("--shapes", type=lambda s: [dict(M=int(a), N=int(b)) for a, b in (t.split("x") for t in s.split(","))],
+                   default=None, help="MxN[,MxN...] instead of the ladder")
+    p.add_argument("--kernels", type=lambda s: s.split(","), default=None, help="rungs to sweep (default: all)")
     args = p.parse_args()
     res = run(args)
     out = Path(args.out)

@@ -200,6 +200,7 @@ const ForwardKernel* find_kernel(Checker& chk, const std::string& name) {
 int64_t max_cols(const std::string& kernel, const sm::ForwardArgs& a, const sm::LaunchConfig& cfg, int device) {
   if (kernel == "block_row_reg") return sm::forward_block_row_reg_max_cols(a);
   if (kernel == "block_row_smem") return sm::forward_block_row_smem_max_cols(a, cfg, device);
+  if (kernel == "flat_rows") return sm::forward_flat_rows_max_cols();
   return -1;
 }
 

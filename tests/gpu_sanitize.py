@@ -192,7 +192,7 @@ def run_softmax(res: Results, args, seed: int):
                 dy[0] = 1.0  # finite: the -inf row of x already gives NaN
                 check_backward(res, x, dy, seed, f"backward {m}x{n} {dname} {layout}", "backward")
         # many rows of a short row: grid-stride loops, spare row groups in a warp (8/16-lane groups)
-        for m, n in ((1001, 33), (5, 3), (333, 17)):
+        for m, n in ((1001, 33), (5, 3), (333, 17), (97, 681)):
             x = make(m, n, dtype, "contiguous", gen)
             for kernel in kernels:
                 check_forward(res, x, kernel, seed, f"forward {kernel or 'default'} {m}x{n} {dname}",
@@ -201,11 +201,11 @@ def run_softmax(res: Results, args, seed: int):
                            "backward")
         # rows cut into many pieces at small sizes
         with patched("split_row", chunk=512, min_chunk=128), patched("backward", chunk=512, min_chunk=128), \
-                patched("block_row_smem", cta_bytes=256):
+                patched("block_row_smem", cta_bytes=256), patched("flat_rows", cta_bytes=64):
             for n in (33, 1025, 4097):
                 for layout in ("contiguous", "transposed"):
                     x = make(rows_of(n), n, dtype, layout, gen)
-                    for kernel in ("split_row", "block_row_smem"):
+                    for kernel in ("split_row", "block_row_smem", "flat_rows"):
                         check_forward(res, x, kernel, seed, f"forward {kernel} tiny pieces {x.shape[0]}x{n} "
                                       f"{dname} {layout}", f"forward/{kernel} (tiny pieces)")
                     dy = make(rows_of(n), n, dtype, layout, gen)

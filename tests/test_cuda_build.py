@@ -203,7 +203,7 @@ class _FakeExt:
 
     def softmax_max_cols(self, kernel, x, out, threads, cluster, cta_bytes, chunk):
         self.asked.append(kernel)
-        return (self.limit if kernel in ("block_row_reg", "block_row_smem") else -1), ""
+        return (self.limit if kernel in csoftmax.ON_CHIP_KERNELS else -1), ""
 
 
 def test_default_hands_rows_past_an_on_chip_limit_to_split_row(h100):
@@ -212,7 +212,7 @@ def test_default_hands_rows_past_an_on_chip_limit_to_split_row(h100):
     assert csoftmax.plan(x, x, None, _FakeExt(4096))[0] == "split_row"
 
 
-@pytest.mark.parametrize("kernel", ["block_row_reg", "block_row_smem"])
+@pytest.mark.parametrize("kernel", csoftmax.ON_CHIP_KERNELS)
 def test_pinned_kernel_past_its_limit_raises_value_error_in_python(h100, kernel):
     """Before the extension is asked to launch (its own check, then a C++ exception, killed the first
     H100 runs; it is a returned error now, tests/test_cuda_softmax.py probes it), naming the kernel,

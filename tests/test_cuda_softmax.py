@@ -71,7 +71,7 @@ def _check(x: torch.Tensor, kernel, seed: int, what: str) -> None:
 def test_limits_reported_by_the_extension(dtype):
     """-1 (any length) exactly for the kernels that do not hold a row on chip; block_row_reg caches
     1024 threads × 32 values (8 on the scalar path); block_row_smem, a cluster of 8 CTAs' shared
-    memory, at least the longest row the default rule sends it (262144)."""
+    memory, at least the longest row the default rule sends it (262144); flat_rows, 32 lanes × 64."""
     gen = torch.Generator().manual_seed(0)
     for layout, m in LAYOUTS:
         x = _make(m, 8, dtype, layout, gen)
@@ -80,6 +80,7 @@ def test_limits_reported_by_the_extension(dtype):
             assert (limit >= 0) == (kernel in csoftmax.ON_CHIP_KERNELS), (kernel, layout, limit)
         assert _limit("block_row_reg", x) == (32768 if layout == "contiguous" else 8192), layout
         assert _limit("block_row_smem", x) >= 262144
+        assert _limit("flat_rows", x) == 2048
 
 
 @pytest.mark.parametrize("layout,m", LAYOUTS, ids=[lay for lay, _ in LAYOUTS])

@@ -149,8 +149,10 @@ def test_kernel_limits_are_the_codes():
             configs.triton_softmax_config("row", arch, dt, int(top))  # takes its limit
             with pytest.raises(KeyError):
                 configs.triton_softmax_config("row", arch, dt, int(top) + 1)
+    assert softmax_select.max_n("cuda", "flat_rows", "sm90", "fp32") == c["kFlatRowsMaxCols"]
     for b, k in ALL:
-        if (b, k) not in (("triton", "row"), ("cuda", "block_row_reg"), ("cuda", "block_row_smem")):
+        if (b, k) not in (("triton", "row"), ("cuda", "block_row_reg"), ("cuda", "block_row_smem"),
+                          ("cuda", "flat_rows")):
             assert softmax_select.max_n(b, k, "sm90", "fp32") == INF
 
 

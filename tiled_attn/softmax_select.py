@@ -32,6 +32,7 @@ _INF = float("inf")
 # · 16 = 231424 bytes a CTA, times kMaxCluster = 8 CTAs on sm_90; other archs are not listed (the
 # extension asks the device), so there it is never picked. The other rungs take any length.
 _CUDA_BLOCK_ROW_REG_MAX_N = 1024 * 8
+_CUDA_FLAT_ROWS_MAX_N = 2048  # flat_rows: one group of <= 32 lanes, 64 values a lane (kFlatRowsMaxCols)
 _CUDA_BLOCK_ROW_SMEM_BYTES = {"sm90": 231424 * 8}
 
 
@@ -70,6 +71,8 @@ def max_n(backend: str, kernel: str, arch: str, dtype) -> float:
     if backend == "cuda":
         if kernel == "block_row_reg":
             return _CUDA_BLOCK_ROW_REG_MAX_N
+        if kernel == "flat_rows":
+            return _CUDA_FLAT_ROWS_MAX_N
         if kernel == "block_row_smem":
             return _CUDA_BLOCK_ROW_SMEM_BYTES.get(arch, 0) // _esize(dt)
         return _INF

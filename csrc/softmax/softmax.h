@@ -56,6 +56,8 @@ constexpr int kWarpRowMaxColsPerThread = 32;      // warp_row caches 32 lanes ×
 // within the 64 registers a 1024-thread block leaves each thread.
 constexpr int kBlockRowRegMaxColsPerThread = 32;
 constexpr int kBlockRowRegMaxColsPerThreadScalar = 8;
+// flat_rows: a row in one group of at most 32 lanes, 64 cached values a lane.
+constexpr int kFlatRowsMaxCols = 2048;
 
 using ForwardLauncher = cudaError_t (*)(const ForwardArgs&, const LaunchConfig&, void* workspace,
                                         cudaStream_t);
@@ -70,6 +72,7 @@ cudaError_t forward_block_row_reg(const ForwardArgs&, const LaunchConfig&, void*
 cudaError_t forward_block_row_smem(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
 cudaError_t forward_tile2d(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
 cudaError_t forward_split_row(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
+cudaError_t forward_flat_rows(const ForwardArgs&, const LaunchConfig&, void* workspace, cudaStream_t);
 
 // The ladder by name, slowest rung first: the names ta.softmax(..., backend="cuda", kernel=NAME)
 // takes (tiled_attn/cuda/softmax.py SOFTMAX_KERNELS), for the bindings and the CPU emulator alike.
@@ -87,6 +90,7 @@ inline constexpr ForwardKernel kForwardKernels[] = {
     {"block_row_smem", forward_block_row_smem},
     {"tile2d", forward_tile2d},
     {"split_row", forward_split_row},
+    {"flat_rows", forward_flat_rows},
 };
 
 // Bytes of device scratch split_row needs (one (m, l) state per block of each row), 0 for others.
@@ -101,6 +105,7 @@ int64_t backward_workspace_bytes(const BackwardArgs&, const LaunchConfig&);
 // check it before launching and raise ValueError naming the limit.
 int64_t forward_block_row_reg_max_cols(const ForwardArgs&);
 int64_t forward_block_row_smem_max_cols(const ForwardArgs&, const LaunchConfig&, int device);
+int64_t forward_flat_rows_max_cols();
 
 }  // namespace softmax
 }  // namespace tiled_attn

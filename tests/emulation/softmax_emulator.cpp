@@ -589,6 +589,7 @@ using Kernel = sm::ForwardKernel;
 int64_t max_cols(const std::string& k, const sm::ForwardArgs& a, const sm::LaunchConfig& cfg) {
   if (k == "block_row_reg") return sm::forward_block_row_reg_max_cols(a);
   if (k == "block_row_smem") return sm::forward_block_row_smem_max_cols(a, cfg, 0);
+  if (k == "flat_rows") return sm::forward_flat_rows_max_cols();
   return -1;
 }
 
@@ -732,12 +733,18 @@ int main(int argc, char** argv) {
       }
     }
     // Many short rows: grid-stride loops, spare row groups in a warp (8- and 16-lane groups).
-    for (int64_t n : {3, 8, 17, 40, 64, 100}) {
+    for (int64_t n : {3, 8, 17, 40, 64, 100, 257}) {
       for (const Kernel& k : sm::kForwardKernels) {
         sm::LaunchConfig cfg;
         cfg.threads = 64;
         cfg.chunk = 32;
         run_forward(t, k, h100, d, 37, n, Layout::contiguous, cfg, rng, "many rows");
+        if (std::string(k.name) == "flat_rows") {
+          // 3 rows a tile (the span budget): tiles that start off the 16-byte grid, x's and y's alike
+          cfg.cta_bytes = 3 * n * size_of(d);
+          run_forward(t, k, h100, d, 37, n, Layout::contiguous, cfg, rng, "3-row tiles");
+          run_forward(t, k, h100, d, 37, n, Layout::offset, cfg, rng, "3-row tiles");
+        }
       }
       sm::LaunchConfig cfg;
       cfg.threads = 64;

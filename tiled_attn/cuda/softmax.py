@@ -5,8 +5,8 @@ config up, load the extension and return the call as a function (cached per sign
 tiled_attn/softmax.py), which calls the extension with raw tensors and the current stream. x2d may
 have any strides (a column stride != 1 takes the kernels' scalar path: correct, slower, never a
 hidden copy); out2d is row-major. A row too long for an on-chip kernel (block_row_reg's registers,
-block_row_smem's shared memory: the extension's softmax_max_cols, which depends on dtype, layout
-and device) raises ValueError here, in Python, before the extension is asked to launch, when that
+block_row_smem's shared memory, flat_rows' 2048 columns: the extension's softmax_max_cols, which
+depends on dtype, layout and device) raises ValueError here, in Python, before the extension is asked to launch, when that
 kernel was pinned (DESIGN §5); kernel=None hands such rows to split_row. The extension checks the
 same limit again and returns that error too (raised by _build.call, through which every call into
 the extension goes), but no valid call reaches that check.
@@ -24,11 +24,11 @@ from . import _build
 
 # The ladder, slowest rung first (csrc/softmax/<name>.cu; csrc/bindings.cpp binds the same names).
 SOFTMAX_KERNELS = ("naive", "online_thread", "block_smem_tree", "block_shuffle", "warp_row",
-                   "block_row_reg", "block_row_smem", "tile2d", "split_row")
+                   "block_row_reg", "block_row_smem", "tile2d", "split_row", "flat_rows")
 # The rungs that hold a whole row on chip and so have a longest row (csrc/bindings.cpp max_cols;
 # the extension answers -1, "any", for the others, which tests/test_cuda_softmax.py checks). Only
 # these cost the extra call into the extension per softmax.
-ON_CHIP_KERNELS = ("block_row_reg", "block_row_smem")
+ON_CHIP_KERNELS = ("block_row_reg", "block_row_smem", "flat_rows")
 
 
 @functools.lru_cache(maxsize=None)
