@@ -47,7 +47,7 @@ CANDIDATES = {
     "split_row": [dict(threads=t, chunk=c, min_chunk=4096, blocks_per_sm=b)
                   for t, c, b in itertools.product((256, 512), (16384, 32768, 65536, 131072), (2, 4, 8))],
     # flat_rows: the span a block stages (cta_bytes, 0 = 48 KB) against blocks an SM
-    "flat_rows": [dict(threads=t, cta_bytes=b) for t, b in itertools.product((64, 128, 256), (8192, 16384, 0))],
+    "flat_rows": [dict(threads=t, cta_bytes=b) for t, b in itertools.product((64, 128, 256), (4096, 8192, 16384, 0))],
 }
 # The lengths where a rung is, or could become, the default (CUDA_SOFTMAX "default" rows).
 N_RANGE = {"warp_row": (1, 1024), "block_row_reg": (1024, 32768), "block_row_smem": (4096, 1 << 20),

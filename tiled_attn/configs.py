@@ -427,7 +427,7 @@ CUDA_SOFTMAX: dict = _Table({
     ("tile2d", "any", "any", _CUDA_ANY_N): dict(threads=128),
     # flat_rows: cta_bytes = most span bytes a block stages (0: 48 KB); rows past 2048 columns are
     # refused by the kernel's own limit (softmax_max_cols), not by a size class here.
-    ("flat_rows", "any", "any", _CUDA_ANY_N): dict(threads=256, cta_bytes=0),
+    ("flat_rows", "any", "any", _CUDA_ANY_N): dict(threads=128, cta_bytes=16384),
     # the fast rungs
     ("warp_row", "any", "any", _CUDA_ANY_N): dict(threads=128),
     ("block_row_reg", "any", "any", _CUDA_ANY_N): dict(threads=256),

@@ -6,12 +6,14 @@
 // random-sweep-2.md). But R consecutive rows of a row-major tensor are one contiguous span of R·N
 // elements, whatever N: a block copies its span into shared memory in 16-byte packs (element by
 // element only before the span's first 16-byte boundary and after its last), groups of kWidth lanes
-// take a row each from shared memory into registers (kPer values a lane), all-reduce it by shuffles
+// take a row at a time from shared memory into registers (kPer values a lane), all-reduce it by shuffles
 // as warp_row does (cached_row_forward's order: the max, then exp(x − max) once, then the sum),
 // write the outputs back in place, and the block stores the span to y in 16-byte packs.
 // Rows of up to kFlatRowsMaxCols columns. Operands that are not row-major (strided columns, padded
 // rows) or whose two spans sit differently against the 16-byte grid pass through the same shared
 // memory element by element: correct, and no faster than warp_row.
+#include <algorithm>
+
 #include "common.cuh"
 
 namespace tiled_attn {
@@ -22,6 +24,8 @@ namespace {
 constexpr int kFlatRowsMaxThreads = 256;
 // A block's span when the config sets no cta_bytes: 48 KB needs no opt-in and leaves 4 blocks an SM.
 constexpr int64_t kFlatRowsDefaultSpanBytes = 48 * 1024;
+// Rows a lane group takes per tile, at most (the loop is not unrolled: a bound on the tile only).
+constexpr int64_t kFlatRowsMaxReps = 64;
 
 // Elements before the first 16-byte boundary at or after p (0 when p is aligned).
 template <typename T>
@@ -51,17 +55,18 @@ __device__ __forceinline__ void copy_aligned(const T* src, T* dst, int count, in
   for (int i = tail + threadIdx.x; i < count; i += blockDim.x) dst[i] = src[i];
 }
 
-struct FlatLayout {
+struct FlatPlan {
   bool x_flat, y_flat;  // row-major with rows back to back (row stride N, column stride 1)
+  int reps;             // rows a lane group takes per tile: the tile is groups × reps rows
 };
 
 template <typename T, int kWidth, int kPer>
-__global__ void __launch_bounds__(kFlatRowsMaxThreads) flat_rows_kernel(ForwardArgs a, FlatLayout f) {
+__global__ void __launch_bounds__(kFlatRowsMaxThreads) flat_rows_kernel(ForwardArgs a, FlatPlan f) {
   constexpr int kVec = kPackOf<T>;
   TA_DYNAMIC_SMEM(unsigned char, smem_raw);  // one extern name for every T (nvcc's rule)
   T* span = reinterpret_cast<T*>(smem_raw);
   const int n = static_cast<int>(a.cols);
-  const int rows_per_tile = blockDim.x / kWidth;
+  const int groups = blockDim.x / kWidth, rows_per_tile = groups * f.reps;
   const int group = threadIdx.x / kWidth, rank = threadIdx.x % kWidth;
   const int64_t tiles = (a.rows + rows_per_tile - 1) / rows_per_tile;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -86,24 +91,27 @@ __global__ void __launch_bounds__(kFlatRowsMaxThreads) flat_rows_kernel(ForwardA
     }
     __syncthreads();
 
-    // A group past the tile's last row still joins its warp's shuffles and writes nothing.
-    const bool valid = group < rows;
-    T* row = buf + (valid ? group : 0) * n;
-    float v[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int c = rank + k * kWidth;
-      v[k] = valid && c < n ? to_float(row[c]) : -CUDART_INF_F;
-    }
-    OnlineState s = warp_allreduce<kWidth>(OnlineState::max_of(v));  // (row max, 0)
-    s.update_at_max<kAccurate<T>>(v);                                // v <- exp(v - max), l = its sum
-    s = warp_allreduce<kWidth>(s);
-    if (valid) {
-      const float inv_l = 1.f / s.l;
+    for (int rep = 0; rep < f.reps; ++rep) {
+      // A group past the tile's last row still joins its warp's shuffles and writes nothing.
+      const int r = rep * groups + group;
+      const bool valid = r < rows;
+      T* row = buf + (valid ? r : 0) * n;
+      float v[kPer];
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int c = rank + k * kWidth;
-        if (c < n) row[c] = from_float<T>(s.normalize_exp<kAccurate<T>>(v[k], inv_l));
+        v[k] = valid && c < n ? to_float(row[c]) : -CUDART_INF_F;
+      }
+      OnlineState s = warp_allreduce<kWidth>(OnlineState::max_of(v));  // (row max, 0)
+      s.update_at_max<kAccurate<T>>(v);                                // v <- exp(v - max), l = its sum
+      s = warp_allreduce<kWidth>(s);
+      if (valid) {
+        const float inv_l = 1.f / s.l;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          const int c = rank + k * kWidth;
+          if (c < n) row[c] = from_float<T>(s.normalize_exp<kAccurate<T>>(v[k], inv_l));
+        }
       }
     }
     __syncthreads();
@@ -137,8 +145,8 @@ int64_t forward_flat_rows_max_cols() { return kFlatRowsMaxCols; }
 cudaError_t forward_flat_rows(const ForwardArgs& a, const LaunchConfig& cfg, void*, cudaStream_t stream) {
   if (a.rows == 0 || a.cols == 0) return cudaSuccess;
   if (a.cols > kFlatRowsMaxCols) return cudaErrorInvalidValue;
-  const FlatLayout f{(a.x_col_stride == 1 || a.cols == 1) && (a.x_row_stride == a.cols || a.rows == 1),
-                     a.y_row_stride == a.cols || a.rows == 1};
+  FlatPlan f{(a.x_col_stride == 1 || a.cols == 1) && (a.x_row_stride == a.cols || a.rows == 1),
+             a.y_row_stride == a.cols || a.rows == 1, 1};
   const int n = static_cast<int>(a.cols);
   return dispatch_dtype(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -147,12 +155,16 @@ cudaError_t forward_flat_rows(const ForwardArgs& a, const LaunchConfig& cfg, voi
       constexpr int kLo = kWidth == 4 ? 1 : 8, kHi = kWidth == 32 ? kFlatRowsMaxCols / 32 : 8;
       return pick_pow2<kLo, kHi>(ceil_div(n, kWidth), [&](auto p) {
         constexpr int kPer = decltype(p)::value;
-        // The configured block, cut to the rows whose span fits the block's shared memory.
+        // The configured block, cut to the rows whose span fits the block's shared memory; then as
+        // many rows a group as fill it (more 16-byte loads in flight a thread, one barrier pair for
+        // all of them).
         const int64_t span_bytes = cfg.cta_bytes > 0 ? cfg.cta_bytes : kFlatRowsDefaultSpanBytes;
         const int64_t fit = span_bytes / (int64_t(n) * int64_t(sizeof(T)));
         int threads = block_threads(cfg.threads, kFlatRowsMaxThreads);
         if (threads / kWidth > fit) threads = block_threads(int((fit < 1 ? 1 : fit) * kWidth), kFlatRowsMaxThreads);
-        const int64_t rows_per_tile = threads / kWidth;
+        const int64_t groups = threads / kWidth;
+        f.reps = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kFlatRowsMaxReps, fit / groups)));
+        const int64_t rows_per_tile = groups * f.reps;
         const size_t smem = size_t(ceil_div((rows_per_tile * n + kPackOf<T>) * int64_t(sizeof(T)), 16) * 16);
         return launch(flat_rows_kernel<T, kWidth, kPer>, grid_of(ceil_div(a.rows, rows_per_tile)), dim3(threads),
                       smem, stream, 1, a, f);

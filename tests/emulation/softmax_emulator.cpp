@@ -744,6 +744,10 @@ int main(int argc, char** argv) {
           cfg.cta_bytes = 3 * n * size_of(d);
           run_forward(t, k, h100, d, 37, n, Layout::contiguous, cfg, rng, "3-row tiles");
           run_forward(t, k, h100, d, 37, n, Layout::offset, cfg, rng, "3-row tiles");
+          // one warp a block, several rows a lane group (12-row tiles where a row takes >= 8 lanes)
+          cfg.threads = 32;
+          cfg.cta_bytes = 12 * n * size_of(d);
+          run_forward(t, k, h100, d, 37, n, Layout::contiguous, cfg, rng, "12-row tiles");
         }
       }
       sm::LaunchConfig cfg;
