@@ -169,6 +169,18 @@ def test_never_a_kernel_past_its_limit(table):
                 assert n <= softmax_select.max_n(got_b, got_k, arch, dtype)
 
 
+def test_flat_rows_rows_apply_to_misaligned_rows_only(table):
+    """An aligned row (N·size a multiple of 16 bytes) passes a flat_rows row of the table to the
+    next one; any other row takes it."""
+    table({("sm90", dt, "contig", "all"): ((100, 1, "cuda", "flat_rows"), (1 << 20, 1, "triton", "row"))
+           for dt in ("fp32", "bf16")})
+    for dtype, aligned, odd in ((torch.float32, (4, 32, 100), (3, 23, 62)), (torch.bfloat16, (8, 32, 96), (4, 23, 62))):
+        for n in aligned:
+            assert softmax_select.select(1000, n, dtype, True, "sm90", True) == ("triton", "row"), (dtype, n)
+        for n in odd:
+            assert softmax_select.select(1000, n, dtype, True, "sm90", True) == ("cuda", "flat_rows"), (dtype, n)
+
+
 def test_for_tensor_reads_shape_layout_and_device(table, monkeypatch):
     monkeypatch.setattr(softmax_select, "select", lambda *a: a)
     x = torch.empty(3, 5, 7)

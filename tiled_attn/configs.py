@@ -456,6 +456,7 @@ CUDA_SOFTMAX: dict = _Table({
     # and 4 KB at N <= 40 reach 0.96x of each shape's best config on average (min 0.89), 8 KB
     # (the "any" row) 0.96x (min 0.92) up to 128 columns; 16 KB and 48 KB 0.84x and 0.45x at N <= 40.
     ("flat_rows", "sm90", "any", 40): dict(threads=128, cta_bytes=4096),
+    ("flat_rows", "sm90", "any", _CUDA_ANY_N): dict(threads=128, cta_bytes=8192),
 })
 
 
