@@ -179,15 +179,18 @@ def test_flat_rows_rows_apply_to_misaligned_rows_only(table):
             assert softmax_select.select(1000, n, dtype, True, "sm90", True) == ("triton", "row"), (dtype, n)
         for n in odd:
             assert softmax_select.select(1000, n, dtype, True, "sm90", True) == ("cuda", "flat_rows"), (dtype, n)
+            # rows with gaps between them (a slice of wider rows): flat_rows would copy them element-wise
+            assert softmax_select.select(1000, n, dtype, True, "sm90", True, packed=False) == ("triton", "row")
 
 
 def test_for_tensor_reads_shape_layout_and_device(table, monkeypatch):
     monkeypatch.setattr(softmax_select, "select", lambda *a: a)
     x = torch.empty(3, 5, 7)
-    m, n, dtype, contig, arch, cuda_ok, log = softmax_select.for_tensor(x, 1)
-    assert (m, n, dtype, contig, arch, log) == (21, 5, torch.float32, False, "cpu", False)
-    assert softmax_select.for_tensor(x, 2, True)[:4] == (15, 7, torch.float32, True)
-    assert softmax_select.for_tensor(x, 1, contiguous=True)[3] is True
+    m, n, dtype, contig, arch, cuda_ok, log, packed = softmax_select.for_tensor(x, 1)
+    assert (m, n, dtype, contig, arch, log, packed) == (21, 5, torch.float32, False, "cpu", False, False)
+    assert softmax_select.for_tensor(x, 2, True) == (15, 7, torch.float32, True, "cpu", False, True, True)
+    assert softmax_select.for_tensor(x, 1, contiguous=True)[3::4] == (True, True)  # copied into order
+    assert softmax_select.for_tensor(x[:, :, :6], 2)[3::4] == (True, False)  # rows with a gap
 
 
 # ------------------------------------------------------------------------------------------------

@@ -79,13 +79,15 @@ def max_n(backend: str, kernel: str, arch: str, dtype) -> float:
     return 0
 
 
-def _for_misaligned_rows_only(kernel: str | None, n: int, dt: str) -> bool:
+def _not_for_flat_rows(kernel: str | None, n: int, dt: str, packed: bool) -> bool:
     """flat_rows exists for rows whose starts leave the 16-byte grid (N·size not a multiple of 16),
     which the row-cached rungs read one element at a time; on aligned rows they move 16-byte packs
     themselves, and its staging through shared memory only costs (H200: 262144x32 fp32, aligned,
-    51% of copy against Triton "row"'s 68%). The sweep's random N are rarely aligned, so its fitted
-    bands say nothing of them: such a row skips a flat_rows row of the table to the next one."""
-    return kernel == "flat_rows" and n * _esize(dt) % 16 == 0
+    51% of copy against Triton "row"'s 68%). It reads a block's rows as one span only when they lie
+    back to back (`packed`); rows with gaps between them (a slice of wider rows) it copies one
+    element at a time. The sweep times neither (its random N are rarely aligned, its tensors
+    contiguous), so such a row skips a flat_rows row of the table to the next one."""
+    return kernel == "flat_rows" and (not packed or n * _esize(dt) % 16 == 0)
 
 
 def _usable(backend: str, cuda_ok: bool, log: bool) -> bool:
@@ -93,10 +95,11 @@ def _usable(backend: str, cuda_ok: bool, log: bool) -> bool:
 
 
 def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
-           log: bool = False) -> tuple[str, str | None]:
+           log: bool = False, packed: bool = True) -> tuple[str, str | None]:
     """(backend, kernel or None) for a softmax (log_softmax with `log`) over M rows of N columns of
     `dtype` on a device of `arch` (configs.model_arch, e.g. "sm90:h200", or configs.arch), rows
-    with unit column stride or not (`contiguous`), the CUDA extension usable or not (`cuda_ok`).
+    with unit column stride or not (`contiguous`), the CUDA extension usable or not (`cuda_ok`),
+    rows back to back or not (`packed`: row stride N as well).
     Deterministic; reads only configs.SOFTMAX_SELECT and the kernel limits above."""
     dt = _dtype_key(dtype)
     if m * n < configs.SOFTMAX_SELECT_MIN_ELEMS:
@@ -110,7 +113,7 @@ def select(m: int, n: int, dtype, contiguous: bool, arch: str, cuda_ok: bool,
             continue
         for n_max, m_min, backend, kernel in rows:
             if n <= n_max and m >= m_min:
-                if _for_misaligned_rows_only(kernel, n, dt):
+                if _not_for_flat_rows(kernel, n, dt, packed):
                     continue
                 if not _usable(backend, cuda_ok, log):
                     break  # a hand-edited row: the pool's promise broken, keep today's choice
@@ -125,20 +128,22 @@ def for_tensor(x: torch.Tensor, dim: int, log: bool = False,
                contiguous: bool | None = None) -> tuple[str, str | None]:
     """select() for ta.softmax(x, dim) with backend=None on a CUDA device (called when a plan is
     made). `contiguous`: whether the kernel reads rows with unit column stride (default: x's stride
-    along dim is 1; the dispatcher passes True where it copies the rows into order first)."""
+    along dim is 1; the dispatcher passes True where it copies the rows into order first, and the
+    copy's rows are back to back)."""
     n = x.shape[dim]
     m = x.numel() // n if n else 0
+    packed = contiguous is True or x.movedim(dim, -1).is_contiguous()
     if contiguous is None:
         contiguous = x.stride(dim) == 1 or n <= 1
-    return _select_static(m, n, x.dtype, contiguous, x.device, log)
+    return _select_static(m, n, x.dtype, contiguous, x.device, log, packed)
 
 
 @torch._dynamo.assume_constant_result
 def _select_static(m: int, n: int, dtype: torch.dtype, contiguous: bool, device: torch.device,
-                   log: bool) -> tuple[str, str | None]:
+                   log: bool, packed: bool = True) -> tuple[str, str | None]:
     """select() with the device's model and arch and whether the CUDA extension is available. Those
     read device properties and the extension's build files, which torch.compile cannot trace: a call
     it traces (static shapes only: tiled_attn/softmax.py _pick) runs this once, eagerly, and keeps
     the result as a constant of the graph, so compiled and eager calls pick the same kernel."""
     from . import cuda
-    return select(m, n, dtype, contiguous, configs.model_arch(device), cuda.is_available(), log)
+    return select(m, n, dtype, contiguous, configs.model_arch(device), cuda.is_available(), log, packed)
