@@ -245,6 +245,16 @@ struct RowGroup {
 // operations; no online rescale, no second exponential). One more all-reduce per row than the
 // online fold, of a max: cheap next to the row's loads.
 // ------------------------------------------------------------------------------------------------
+// The state of a row the group holds whole in registers (v, padding -inf): the row max all-reduced
+// first, then v <- exp(v - max) (each exponential once, against the final max) and l their sum,
+// all-reduced. normalize_exp(v[i], 1/l) then gives the outputs.
+template <typename T, int N, int kWidth>
+__device__ __forceinline__ OnlineState cached_row_state(float (&v)[N], RowGroup<kWidth> g, OnlineState* smem) {
+  OnlineState s = g.allreduce(OnlineState::max_of(v), smem);  // (row max, 0)
+  s.update_at_max<kAccurate<T>>(v);                            // v <- exp(v - max), l = its sum
+  return g.allreduce(s, smem);                                 // one max everywhere: l summed
+}
+
 template <typename T, int kVec, int kPacks, int kWidth>
 __device__ __forceinline__ void cached_row_forward(const ForwardArgs& a, int64_t row, bool valid,
                                                    RowGroup<kWidth> g, OnlineState* smem) {
@@ -254,9 +264,7 @@ __device__ __forceinline__ void cached_row_forward(const ForwardArgs& a, int64_t
 #pragma unroll
   for (int p = 0; p < kPacks; ++p)
     in.load((int64_t(p) * g.size + g.rank) * kVec, end, -CUDART_INF_F, v + p * kVec);
-  OnlineState s = g.allreduce(OnlineState::max_of(v), smem);  // (row max, 0)
-  s.update_at_max<kAccurate<T>>(v);                            // v <- exp(v - max), l = its sum
-  s = g.allreduce(s, smem);                                    // one max everywhere: l summed
+  const OnlineState s = cached_row_state<T>(v, g, smem);
   if (!valid) return;
   const float inv_l = 1.f / s.l;
   const auto out = output_row<T, kVec>(a.y, row, a.y_row_stride);

@@ -7,7 +7,7 @@
 // elements, whatever N: a block copies its span into shared memory in 16-byte packs (element by
 // element only before the span's first 16-byte boundary and after its last), groups of kWidth lanes
 // take a row at a time from shared memory into registers (kPer values a lane), all-reduce it by shuffles
-// as warp_row does (cached_row_forward's order: the max, then exp(x − max) once, then the sum),
+// as warp_row does (common.cuh's cached_row_state: the max, then exp(x − max) once, then the sum),
 // write the outputs back in place, and the block stores the span to y in 16-byte packs.
 // Rows of up to kFlatRowsMaxCols columns. Operands that are not row-major (strided columns, padded
 // rows) or whose two spans sit differently against the 16-byte grid pass through the same shared
@@ -102,9 +102,7 @@ __global__ void __launch_bounds__(kFlatRowsMaxThreads) flat_rows_kernel(ForwardA
         const int c = rank + k * kWidth;
         v[k] = valid && c < n ? to_float(row[c]) : -CUDART_INF_F;
       }
-      OnlineState s = warp_allreduce<kWidth>(OnlineState::max_of(v));  // (row max, 0)
-      s.update_at_max<kAccurate<T>>(v);                                // v <- exp(v - max), l = its sum
-      s = warp_allreduce<kWidth>(s);
+      const OnlineState s = cached_row_state<T>(v, RowGroup<kWidth>{rank, kWidth}, nullptr);
       if (valid) {
         const float inv_l = 1.f / s.l;
 #pragma unroll
