@@ -1166,19 +1166,20 @@ def default_attention() -> Provider:
 
 
 def cuda_attention_kernel(kernel: str) -> Provider:
-    """backend="cuda" with one forward kernel forced ("wgmma": the sm_90a warpgroup-MMA kernel of
-    csrc/attention/sm90/, not the default until measured), named "cuda-<kernel>"; unavailable off an
-    sm_90 device, "unsup." for a head dim it does not instantiate."""
+    """backend="cuda" with one forward kernel forced ("wgmma" / "wgmma_ws": the sm_90a warpgroup-MMA
+    kernels of csrc/attention/sm90/, cp.async and warp-specialized TMA, not the default until
+    measured), named "cuda-<kernel>"; unavailable off an sm_90 device, "unsup." for a head dim it
+    does not instantiate."""
     def available(device):
         reason = backend_unavailable("cuda", device)
-        if reason or kernel != "wgmma":
+        if reason or not kernel.startswith("wgmma"):
             return reason
         return None if torch.cuda.get_device_capability(device) == (9, 0) else \
             "the wgmma kernel needs an sm_90 (Hopper) device"
 
     def supports(case):
         from tiled_attn.cuda import attention as cuda_attention
-        dims = cuda_attention.SM90_HEAD_DIMS if kernel == "wgmma" else cuda_attention.HEAD_DIMS
+        dims = cuda_attention.SM90_HEAD_DIMS if kernel.startswith("wgmma") else cuda_attention.HEAD_DIMS
         return None if case["D"] in dims else f"the {kernel} kernel has no head dim {case['D']}"
 
     def fn(case, inputs):

@@ -17,6 +17,9 @@ Targets:
       attention_backward suite, 250-272 TFLOP/s on the H200 where cuDNN's is ~450-550. Each run is
       one backward of a forward made once; `--kernel-name regex:attention_bwd_(dkdv|dq)` with
       `--launch-skip 2 --launch-count 2` takes the second run's two big kernels.
+  fwd-d128-wgmma / fwd-d128-wgmma_ws / fwd-d128-triton: the attention forward at bf16, B = 4,
+      H = 16, N = 8192, D = 128, not causal (the attention suite's point where cuDNN leads by
+      ~1.2x): the cp.async and warp-specialized wgmma kernels forced, and the Triton default.
 """
 from __future__ import annotations
 
@@ -52,7 +55,24 @@ def _targets(dev: torch.device) -> dict:
             return torch.autograd.grad(out, qkv, dout, retain_graph=True)
         return run
 
+    def forward(kernel):
+        state = []
+
+        def run():
+            if not state:
+                state.extend(torch.randn(4, 16, 8192, 128, device=dev, dtype=torch.bfloat16, generator=g)
+                             for _ in range(3))
+            if kernel == "triton":
+                return ta.attention(*state, backend="triton")
+            from tiled_attn.cuda import attention as cuda_attention
+            with cuda_attention.forced_kernel(kernel):
+                return ta.attention(*state, backend="cuda")
+        return run
+
     return {
+        "fwd-d128-wgmma": forward("wgmma"),
+        "fwd-d128-wgmma_ws": forward("wgmma_ws"),
+        "fwd-d128-triton": forward("triton"),
         "backward-d64": backward(64),
         "backward-d128": backward(128),
         "softmax-fp32-triton": lambda: ta.softmax(x, backend="triton"),

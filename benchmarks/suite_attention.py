@@ -16,12 +16,14 @@ QUICK = [_shape(n, 128, c) for c in (False, True) for n in (2048, 8192)]
 SUITE = h.Suite(
     name="attention", title="Attention forward vs SDPA backends and FlexAttention",
     op=h.ATTENTION, device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("bf16",),
-    providers=[h.default_attention(), h.ours_attention("triton"), h.ours_attention("cuda"), h.cuda_attention_kernel("wgmma"),
+    providers=[h.default_attention(), h.ours_attention("triton"), h.ours_attention("cuda"),
+               h.cuda_attention_kernel("wgmma"), h.cuda_attention_kernel("wgmma_ws"),
                h.sdpa(), h.sdpa("flash"), h.sdpa("cudnn"), h.sdpa("efficient"), h.flex_attention()],
     baselines=("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"),
     plot=h.Plot("lines", x="N", rows="causal", cols="D"),
     notes="SDPA backends pinned one at a time with torch.nn.attention.sdpa_kernel. FlexAttention: "
           "torch.compile(flex_attention, dynamic=False), compiled once per shape and mask in its "
           "checked first call (never timed); causal through a block mask. cuda-wgmma: backend='cuda' "
-          "with the sm_90a wgmma forward forced (csrc/attention/sm90/).",
+          "with the sm_90a wgmma forward forced (csrc/attention/sm90/); cuda-wgmma_ws: its "
+          "warp-specialized form (a TMA producer warp, two consumer warpgroups, mbarrier ring).",
 )

@@ -390,11 +390,12 @@ std::string attention_fwd_split(const torch::Tensor& q, const torch::Tensor& k, 
 
 #if TILED_ATTN_WITH_SM90
 // ---- wgmma attention forward (csrc/attention/sm90/attention_sm90.h; tiled_attn/cuda/attention.py
-// kernel="wgmma") ----
-// attention_fwd with the sm_90a wgmma kernel: the same operand checks, its own head dims.
+// kernel="wgmma" / "wgmma_ws") ----
+// attention_fwd with an sm_90a wgmma kernel (warp_specialized: the TMA producer / consumer one): the same
+// operand checks, its own head dims.
 std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                torch::Tensor& out, torch::Tensor& lse, double scale, bool causal,
-                               int64_t causal_offset, int64_t stream) {
+                               int64_t causal_offset, int64_t stream, bool warp_specialized) {
   Checker chk;
   tiled_attn::AttnDtype dtype;
   if (!check_attention_args(chk, q, k, v, out, lse, &dtype)) return chk.error();
@@ -406,13 +407,13 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
   }
   if (q.numel() == 0) return "";
   const DeviceGuard guard(q.get_device());
+  const auto entry = warp_specialized ? tiled_attn::attention_fwd_sm90_ws : tiled_attn::attention_fwd_sm90;
   check_launch(chk,
-               tiled_attn::attention_fwd_sm90(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                              lse.data_ptr<float>(), batch, heads_q, heads_kv, seqlen_q, seqlen_k,
-                                              head_dim, attn_strides(q), attn_strides(k), attn_strides(v),
-                                              attn_strides(out), static_cast<float>(scale), causal, causal_offset,
-                                              as_stream(stream)),
-               "CUDA wgmma attention kernel");
+               entry(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr<float>(), batch,
+                     heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q), attn_strides(k),
+                     attn_strides(v), attn_strides(out), static_cast<float>(scale), causal, causal_offset,
+                     as_stream(stream)),
+               warp_specialized ? "CUDA warp-specialized wgmma attention kernel" : "CUDA wgmma attention kernel");
   return chk.error();
 }
 #endif  // TILED_ATTN_WITH_SM90
@@ -453,7 +454,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_fwd_sm90", &attention_fwd_sm90,
         "attention forward with the sm_90a wgmma kernel into out and lse; returns the error ('': none)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
-        py::arg("causal_offset"), py::arg("stream"));
+        py::arg("causal_offset"), py::arg("stream"), py::arg("warp_specialized") = false);
   m.def("attention_sm90_head_dim_supported", &tiled_attn::attention_sm90_head_dim_supported, py::arg("head_dim"));
   m.attr("has_attention_sm90") = true;
 #else

@@ -213,12 +213,13 @@ def run_softmax(res: Results, args, seed: int):
                                    "backward (tiny chunks)")
 
 
-def run_attention(res: Results, seed: int):
+def run_attention(res: Results, seed: int, only=None):
     from tiled_attn.cuda import attention as cuda_attention
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 1000), (300, 300), (257, 128))
-    # The mma.sync kernel (its split-KV path at (1, 1000)) and, on sm_90, the wgmma kernel forced.
-    kernels = ["mma"] + (["wgmma"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    # The mma.sync kernel (its split-KV path at (1, 1000)) and, on sm_90, the wgmma kernels forced.
+    kernels = ["mma"] + (["wgmma", "wgmma_ws"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    kernels = [k for k in kernels if only is None or k in only]
     for kernel, dtype, d, (nq, nk), (hq, hkv), causal in itertools.product(
             kernels, (torch.float16, torch.bfloat16), (64, 128), shapes, ((2, 2), (6, 2)), (False, True)):
         what = f"attention/{kernel} {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype}"
@@ -318,6 +319,8 @@ def main() -> int:
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="fp32,bf16,fp16")
     p.add_argument("--quick", action="store_true", help="fewer sizes and layouts (racecheck is slow)")
     p.add_argument("--attention", action="store_true", help="also ta.attention(backend='cuda')")
+    p.add_argument("--attention-kernels", type=lambda s: s.split(","), default=None,
+                   help="with --attention: these forward kernels only (mma,wgmma,wgmma_ws; default all)")
     p.add_argument("--attention-backward", action="store_true",
                    help="also the Triton attention backward kernels")
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
@@ -347,7 +350,7 @@ def main() -> int:
         run_softmax(res, args, seed)
         check_limits(res, args.kernels or tcuda.SOFTMAX_KERNELS, [DTYPES[d] for d in args.dtypes], seed)
     if args.attention:
-        run_attention(res, seed)
+        run_attention(res, seed, args.attention_kernels)
     if args.attention_backward:
         run_attention_backward(res, seed, args.quick, args.bwd_dtypes)
     if args.big:

@@ -1,4 +1,5 @@
-"""The wgmma attention forward (csrc/attention/sm90/, sm_90a), beside the mma.sync kernel.
+"""The wgmma attention forwards (csrc/attention/sm90/, sm_90a: the cp.async kernel "wgmma" and the
+warp-specialized TMA kernel "wgmma_ws"), beside the mma.sync kernel.
 
 On a machine without a GPU:
 1. configs.CUDA_ATTENTION's ("fwd_wgmma", "sm90", "*", D) rows mirror flash_fwd_sm90::Traits, the
@@ -6,13 +7,14 @@ On a machine without a GPU:
    cuda.attention.SM90_HEAD_DIMS) agree, and every existing forward row still runs the mma kernel.
 2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only (bindings.cpp with the
    wgmma entry bound: tests/test_cuda_build.py::test_bindings_compile_against_torch_headers).
-3. The kernel itself, unchanged, runs in tests/emulation/flash_fwd_sm90_emulator.cpp: every CUDA thread
+3. Both kernels, unchanged, run in tests/emulation/flash_fwd_sm90_emulator.cpp: every CUDA thread
    a CPU fiber; wgmma (descriptors, swizzled canonical layouts, register fragments, fence / commit /
-   wait semantics), cp.async, fence.proxy.async, shfl and __syncthreads emulated from the PTX ISA;
-   float64 reference on ragged sizes, causal, GQA/MQA, empty rows, no keys, negative scale; race and
-   proxy checks. ~15 s for the three head dims.
+   wait semantics), cp.async, fence.proxy.async, shfl, __syncthreads, mbarrier phases and tx counts,
+   TMA boxes (128-byte swizzle, zero fill, completion deferred to a random later point) and
+   setmaxnreg emulated from the PTX ISA; float64 reference on ragged sizes, causal, GQA/MQA, empty
+   rows, no keys, negative scale; race, proxy and mbarrier-phase checks. ~20 s for the three head dims.
 4. kernel selection errors (ValueError naming the argument) without a GPU.
-On an H100 (skipped elsewhere): ta.attention(..., backend="cuda") with the wgmma kernel forced, the
+On an H100 (skipped elsewhere): ta.attention(..., backend="cuda") with each wgmma kernel forced, the
 DESIGN §4 rule against float64 over the issue's shape grid (tests/test_attention.py's helpers).
 """
 from __future__ import annotations
@@ -98,7 +100,9 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 @pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
 def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
-    assert re.search(r"^0 of \d+ cases failed$", out, re.M) and out.count("\nok ") >= 10, out[-3000:]
+    assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
+    for kernel in ("cp.async", "ws"):  # both kernels ran their cases
+        assert out.count(f"\nok   {kernel} ") >= 10, (kernel, out[-3000:])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -106,10 +110,11 @@ def test_kernel_in_the_emulator(emulator, head_dim):
 # ------------------------------------------------------------------------------------------------
 def test_kernel_argument_errors(monkeypatch):
     q = torch.zeros(1, 1, 4, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"kernel must be one of \('mma', 'wgmma'\) or None, got 'hgmma'"):
+    with pytest.raises(ValueError, match=r"kernel must be one of \('mma', 'wgmma', 'wgmma_ws'\) or None, got 'hgmma'"):
         cuda_attention.select_kernel("hgmma", q)
-    with pytest.raises(ValueError, match=r"kernel='wgmma' needs an sm_90 \(Hopper\) CUDA device, got cpu"):
-        cuda_attention.select_kernel("wgmma", q)
+    for kernel in cuda_attention.SM90_KERNELS:
+        with pytest.raises(ValueError, match=rf"kernel='{kernel}' needs an sm_90 \(Hopper\) CUDA device, got cpu"):
+            cuda_attention.select_kernel(kernel, q)
     with pytest.raises(ValueError, match=r"kernel must be one of"):
         with cuda_attention.forced_kernel("tcgen05"):
             pass
@@ -127,9 +132,10 @@ def test_kernel_argument_errors(monkeypatch):
 
 def test_head_dim_error_on_hopper(monkeypatch):
     monkeypatch.setattr(cuda_attention, "_capability", lambda device: (9, 0))  # as if on an H100
-    with pytest.raises(ValueError, match=r"kernel='wgmma' supports head dims \(64, 128, 256\), got D=96"):
-        cuda_attention.select_kernel("wgmma", torch.zeros(1, 1, 4, 96, dtype=torch.float16))
-    assert cuda_attention.select_kernel("wgmma", torch.zeros(1, 1, 4, 256, dtype=torch.float16)) == "wgmma"
+    for kernel in cuda_attention.SM90_KERNELS:
+        with pytest.raises(ValueError, match=rf"kernel='{kernel}' supports head dims \(64, 128, 256\), got D=96"):
+            cuda_attention.select_kernel(kernel, torch.zeros(1, 1, 4, 96, dtype=torch.float16))
+        assert cuda_attention.select_kernel(kernel, torch.zeros(1, 1, 4, 256, dtype=torch.float16)) == kernel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,32 +147,35 @@ def _hopper() -> bool:
 
 GPU = pytest.mark.skipif(not _hopper() or not backend_available("cuda"),
                          reason="the wgmma kernel runs on an sm_90 (Hopper) CUDA device with the extension built")
-GRID = [pytest.param(shape, d, causal, heads, dtype,
-                     id=f"{shape[0]}x{shape[1]}-{d}-{'causal' if causal else 'full'}-{heads}-{DT[dtype]}")
+GRID = [pytest.param(kernel, shape, d, causal, heads, dtype,
+                     id=f"{kernel}-{shape[0]}x{shape[1]}-{d}-{'causal' if causal else 'full'}-{heads}-{DT[dtype]}")
+        for kernel in cuda_attention.SM90_KERNELS
         for shape in SHAPES for d in cuda_attention.SM90_HEAD_DIMS for causal in (False, True)
         for heads in HEADS for dtype in (torch.float16, torch.bfloat16)]
 
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("shape,d,causal,heads,dtype", GRID)
-def test_wgmma_grid(shape, d, causal, heads, dtype, seed):
+@pytest.mark.parametrize("kernel,shape,d,causal,heads,dtype", GRID)
+def test_wgmma_grid(kernel, shape, d, causal, heads, dtype, seed):
     nq, nk = shape
     hq, hkv = HEADS[heads]
     gen = torch.Generator().manual_seed(seed)
     q, k, v = _qkv(2, hq, hkv, nq, nk, d, dtype, "cuda", gen)
-    with cuda_attention.forced_kernel("wgmma"):
+    with cuda_attention.forced_kernel(kernel):
         out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
-    what = f"wgmma B=2 H={hq}/{hkv} Nq={nq} Nk={nk} D={d} {DT[dtype]} causal={causal}"
+    what = f"{kernel} B=2 H={hq}/{hkv} Nq={nq} Nk={nk} D={d} {DT[dtype]} causal={causal}"
     _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed, what)
 
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("kernel", cuda_attention.SM90_KERNELS)
 @pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
-def test_wgmma_strided_views_and_offsets(d, seed):
-    """q/k/v split from one packed (B, N, 3, H, D) projection (read in place), causal offsets that
-    leave rows empty, and the explicit kernel= argument of attention_forward."""
+def test_wgmma_strided_views_and_offsets(kernel, d, seed):
+    """q/k/v split from one packed (B, N, 3, H, D) projection (read in place: TMA maps over the
+    strided views), causal offsets that leave rows empty, and the explicit kernel= argument of
+    attention_forward."""
     gen = torch.Generator().manual_seed(seed)
     b, n, h = 2, 300, 4
     qkv = torch.randn(b, n, 3, h, d, generator=gen).to(torch.bfloat16).cuda()
@@ -174,8 +183,25 @@ def test_wgmma_strided_views_and_offsets(d, seed):
     for offset in (-120, 0, 77):
         out = torch.full_like(q, float("nan"))
         lse = torch.full(q.shape[:3], float("nan"), device="cuda")
-        cuda_attention.attention_forward(q, k, v, out, lse, 1.0 / math.sqrt(d), True, offset, kernel="wgmma")
-        _check(out, lse, q, k, v, True, offset, 1.0 / math.sqrt(d), seed, f"wgmma packed D={d} offset={offset}")
+        cuda_attention.attention_forward(q, k, v, out, lse, 1.0 / math.sqrt(d), True, offset, kernel=kernel)
+        _check(out, lse, q, k, v, True, offset, 1.0 / math.sqrt(d), seed, f"{kernel} packed D={d} offset={offset}")
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+def test_wgmma_ws_long_keys_and_many_heads(d, seed):
+    """The TMA ring wraps many times (8k keys: 64-128 tiles over 2-4 slots), GQA 8:1 with B·Hq past
+    one wave of CTAs, and a (B, N, H, D) layout (the head stride is D, the seq stride H·D)."""
+    gen = torch.Generator().manual_seed(seed)
+    b, hq, hkv, nq, nk = 3, 16, 2, 257, 8191
+    q = torch.randn(b, nq, hq, d, generator=gen).to(torch.float16).cuda().transpose(1, 2)
+    k, v = (torch.randn(b, nk, hkv, d, generator=gen).to(torch.float16).cuda().transpose(1, 2) for _ in range(2))
+    for causal in (False, True):
+        with cuda_attention.forced_kernel("wgmma_ws"):
+            out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+        _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed,
+               f"wgmma_ws long keys D={d} causal={causal}")
 
 
 @pytest.mark.gpu

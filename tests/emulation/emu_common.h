@@ -102,8 +102,12 @@ struct ByteState {
   bool async_write = false;    // by cp.async: visible to any thread only after a barrier
   bool proxy_visible = false;  // the writer ran fence.proxy.async after the write (wgmma may read it)
   int read_epoch = -1, reader_warp = -1;  // last generic read (-2: several warps, or a warpgroup's wgmma)
-  int pending = 0;             // cp.async issued and not yet complete
+  int pending = 0;             // cp.async (or TMA) issued and not yet complete
   int wgmma_readers = 0;       // wgmma ops in flight that read this byte (the sm90 emulator's)
+  // Written by a TMA (the sm90 emulator's): the mbarrier its bytes complete on and the phase count
+  // that barrier reaches when that phase completes; a reader must have waited for it (on_tma_byte).
+  int tma_bar = -1;
+  long tma_seq = 0;
 };
 std::vector<ByteState> g_bytes(kWindow);
 
@@ -161,10 +165,15 @@ inline int cur_warp() { return cur().tid / 32; }
 inline int cur_lane() { return cur().tid % 32; }
 
 // Hooks each emulator defines: before a thread arrives at __syncthreads; when a block's fibers are set
-// up (the warps already are); after every thread exited (the cp.async check already passed).
+// up (the warps already are); after every thread exited (the cp.async check already passed); each
+// scheduling round; when no thread can run (true: it completed some asynchronous work, so a thread may
+// run again; false: a deadlock); a generic access (st/ld.shared) of a byte a TMA wrote.
 void on_barrier();
 void on_block_start(int threads);
 void on_block_exit();
+void on_round();
+bool on_stall();
+void on_tma_byte(const struct ByteState& b, const char* what);
 
 inline void yield_blocked() {
   cur().blocked = true;
@@ -175,7 +184,8 @@ inline void check_byte_read(uint32_t addr, const char* what) {
   host(addr, 1, what);
   ByteState& b = g_bytes[addr];
   if (b.pending) fail(std::string(what) + ": reads a cp.async destination before its wait_group + barrier");
-  if (b.write_epoch == g_epoch && (b.async_write || b.writer_warp != cur_warp()))
+  if (b.tma_bar >= 0) on_tma_byte(b, what);
+  else if (b.write_epoch == g_epoch && (b.async_write || b.writer_warp != cur_warp()))
     fail(std::string(what) + ": reads data written by cp.async or by another warp with no __syncthreads in between");
   if (b.read_epoch == g_epoch && b.reader_warp != cur_warp()) b.reader_warp = -2;
   else b.reader_warp = cur_warp();
@@ -186,7 +196,11 @@ inline void check_byte_write(uint32_t addr, const char* what) {
   host(addr, 1, what);
   ByteState& b = g_bytes[addr];
   if (b.wgmma_readers) fail(std::string(what) + ": overwrites an operand of a wgmma still in flight");
-  if (b.read_epoch == g_epoch && b.reader_warp != cur_warp())
+  if (b.tma_bar >= 0) on_tma_byte(b, what);
+  // reader_warp -(10 + w): last read by warpgroup w's wgmmas, all complete (wgmma_readers is 0): that
+  // warpgroup's own threads may overwrite it (their wait_group ordered the read before).
+  const bool own_wgmma = b.reader_warp <= -10 && b.reader_warp == -(10 + cur_warp() / 4);
+  if (b.read_epoch == g_epoch && b.reader_warp != cur_warp() && !own_wgmma)
     fail(std::string(what) + ": overwrites data another warp read with no __syncthreads in between");
 }
 
@@ -199,6 +213,7 @@ inline void record_write(uint32_t addr, int bytes, bool async) {
     s.writer_tid = cur().tid;
     s.async_write = async;
     s.proxy_visible = false;
+    s.tma_bar = -1;
   }
   cur().unfenced.push_back(addr);
   cur().unfenced.push_back(static_cast<uint32_t>(bytes));
@@ -238,6 +253,10 @@ inline void syncthreads() {
   } else {
     while (g_barrier_generation == gen) yield_blocked();
   }
+}
+
+inline void syncwarp() {
+  warp_collective("syncwarp", [](Collective&) {});
 }
 
 inline float shfl_xor(float v, int offset) {
@@ -381,7 +400,11 @@ inline void run_block(int threads, const std::function<void()>& body) {
       if (!f.done && !f.blocked) order.push_back(f.tid);
     }
     if (all_done) break;
-    if (order.empty()) fail("deadlock: every live thread waits (a barrier or collective not reached by all)");
+    if (order.empty()) {
+      if (on_stall()) continue;
+      fail("deadlock: every live thread waits (a barrier, collective or mbarrier phase not reached)");
+    }
+    on_round();
     std::shuffle(order.begin(), order.end(), g_sched_rng);
     for (int idx : order) {
       if (g_fibers[idx].done || g_fibers[idx].blocked) continue;
@@ -435,6 +458,8 @@ inline const uint3& thread_idx() {
 #define blockIdx (::emu::g_block_idx)
 #define gridDim (::emu::g_grid_dim)
 #define __syncthreads() ::emu::syncthreads()
+#define __syncwarp() ::emu::syncwarp()
+#define __grid_constant__
 #define __shfl_xor_sync(mask, v, offset) ::emu::shfl_xor((v), (offset))
 
 // The PTX wrappers both kernels have, with the same signatures (not compiled under TILED_ATTN_EMULATION).

@@ -25,6 +25,9 @@ namespace emu {
 void on_barrier() {}
 void on_block_start(int) {}
 void on_block_exit() {}
+void on_round() {}
+bool on_stall() { return false; }
+void on_tma_byte(const ByteState&, const char*) { fail("emulator: a TMA byte in the mma.sync kernel"); }
 
 bool any_sync(bool pred) {
   Collective& c = g_warps[cur_warp()];

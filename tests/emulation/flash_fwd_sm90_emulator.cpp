@@ -35,8 +35,11 @@
 // (register fragments, shared memory matrix layout, matrix descriptor, strides, wgmma.fence /
 // commit_group / wait_group) and "Memory Consistency Model" (proxies); CUTLASS's canonical-layout
 // table (cute/atom/mma_traits_sm90_gmma.hpp, make_gmma_desc) was read to cross-check LBO / SBO roles.
+#include <cuda.h>
+
 #include <map>
 #include <memory>
+#include <set>
 
 #define EMU_KERNEL_NAMESPACE flash_fwd_sm90
 #include "emu_common.h"
@@ -59,6 +62,24 @@ std::vector<std::shared_ptr<WgmmaOp>> g_wg_made;  // per warpgroup: a wgmma coll
 
 inline WgState& cur_wg() { return g_wg[cur().tid]; }
 
+// ---------------------------------------------------------------- mbarrier and TMA (state)
+// An mbarrier by its shared address: the expected arrival count, arrivals and transaction bytes still
+// owed to the running phase, and how many phases have completed (the running phase's number).
+struct Mbar {
+  int count = 0, pending = 0;
+  long tx = 0, completed = 0;
+  std::vector<int> waiters;  // threads blocked in try_wait on it
+};
+std::map<uint32_t, Mbar> g_mbars;
+std::vector<std::map<uint32_t, long>> g_observed;  // per thread: phases it saw complete, per barrier
+// A TMA box in flight: its destination bytes (swizzled already) and their values, its barrier.
+struct TmaCopy {
+  std::vector<std::pair<uint32_t, uint8_t>> bytes;
+  uint32_t bar;
+};
+std::deque<TmaCopy> g_tma;
+std::mt19937 g_tma_rng(99);
+
 // The hooks of emu_common.h.
 void on_barrier() {
   if (!cur_wg().wg_open.empty()) fail("__syncthreads with uncommitted wgmma ops");
@@ -67,11 +88,78 @@ void on_block_start(int threads) {
   g_wg.assign(threads, WgState{});
   g_warpgroups.assign(threads / 128, Collective::make(128));
   g_wg_made.assign(threads / 128, nullptr);
+  g_mbars.clear();
+  g_observed.assign(threads, {});
+  g_tma.clear();
 }
 void on_block_exit() {
   for (const WgState& w : g_wg) {
     if (!w.wg_groups.empty() || !w.wg_open.empty()) fail("thread exited with wgmma ops in flight");
   }
+  if (!g_tma.empty()) fail("the CTA exited with TMA copies in flight");
+}
+
+Mbar& mbar(uint32_t bar, const char* what) {
+  auto it = g_mbars.find(bar);
+  if (it == g_mbars.end()) fail(std::string(what) + ": not an initialized mbarrier");
+  return it->second;
+}
+void mbar_check_phase(uint32_t bar, Mbar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.completed;
+    b.pending = b.count;
+    for (int t : b.waiters) g_fibers[t].blocked = false;
+    b.waiters.clear();
+  }
+}
+void complete_tma(TmaCopy& c) {
+  Mbar& b = mbar(c.bar, "TMA complete_tx");
+  for (const auto& [addr, v] : c.bytes) {
+    ByteState& s = g_bytes[addr];
+    if (s.wgmma_readers) fail("a TMA lands on an operand of a wgmma still in flight");
+    --s.pending;
+    s.write_epoch = g_epoch;
+    s.writer_warp = -3;
+    s.writer_tid = -1;
+    s.async_write = false;
+    s.proxy_visible = true;  // written through the async proxy
+    s.tma_bar = static_cast<int>(c.bar);
+    s.tma_seq = b.completed + 1;  // the phase its bytes count toward
+    s.read_epoch = -1;
+    *host(addr, 1, "TMA") = v;
+  }
+  b.tx -= static_cast<long>(c.bytes.size());
+  mbar_check_phase(c.bar, b);
+}
+// Each round a TMA in flight lands with probability 1/4 (oldest first is not assumed); when no thread
+// can run, one lands.
+void on_round() {
+  for (size_t i = 0; i < g_tma.size();) {
+    if (g_tma_rng() % 4 == 0) {
+      TmaCopy c = std::move(g_tma[i]);
+      g_tma.erase(g_tma.begin() + static_cast<long>(i));
+      complete_tma(c);
+    } else {
+      ++i;
+    }
+  }
+}
+bool on_stall() {
+  if (g_tma.empty()) return false;
+  const size_t i = g_tma_rng() % g_tma.size();
+  TmaCopy c = std::move(g_tma[i]);
+  g_tma.erase(g_tma.begin() + static_cast<long>(i));
+  complete_tma(c);
+  return true;
+}
+bool observed(int tid, const ByteState& b) {
+  const auto& m = g_observed[tid];
+  auto it = m.find(static_cast<uint32_t>(b.tma_bar));
+  return it != m.end() && it->second >= b.tma_seq;
+}
+void on_tma_byte(const ByteState& b, const char* what) {
+  if (!observed(cur().tid, b))
+    fail(std::string(what) + ": touches TMA data before this thread waited for the mbarrier phase it completes");
 }
 
 // ---------------------------------------------------------------- wgmma
@@ -125,7 +213,7 @@ uint32_t element_addr(const Desc& d, bool k_major, int mn, int k) {
 }
 
 struct WgmmaOp {
-  int n = 0;
+  int n = 0, wg = 0;
   std::vector<std::vector<float>> result;       // per thread of the warpgroup
   std::vector<std::pair<uint32_t, uint8_t>> snapshot;  // shared bytes read, with their values at issue
   std::vector<std::vector<uint32_t>> a_regs;    // per thread (register A)
@@ -178,6 +266,8 @@ void wgmma(int n, float* acc, const uint32_t* a_regs, uint64_t desc_a, uint64_t 
   collective(c, wg * 128, 128, name, [&](Collective& cc) {
     auto o = std::make_shared<WgmmaOp>();
     o->n = n;
+    o->wg = wg;
+    std::set<std::pair<int, long>> tma_checked;
     for (int l = 1; l < 128; ++l) {
       if (cc.in_l[2 * l] != cc.in_l[0] || cc.in_l[2 * l + 1] != cc.in_l[1])
         fail("wgmma: descriptors differ across the warpgroup");
@@ -190,9 +280,18 @@ void wgmma(int n, float* acc, const uint32_t* a_regs, uint64_t desc_a, uint64_t 
       const unsigned char* p = host(addr, 2, "wgmma operand");
       for (int b = 0; b < 2; ++b) {
         const ByteState& s = g_bytes[addr + b];
-        if (s.pending) fail("wgmma reads a cp.async destination still in flight");
+        if (s.pending) fail("wgmma reads a cp.async (or TMA) destination still in flight");
         if (s.write_epoch < 0) fail("wgmma reads shared memory never written");
-        if (s.write_epoch == g_epoch) fail("wgmma reads data written with no __syncthreads in between");
+        if (s.tma_bar >= 0) {
+          const auto key = std::make_pair(s.tma_bar, s.tma_seq);
+          if (!tma_checked.count(key)) {
+            for (int l = 0; l < 128; ++l)
+              if (!observed(wg * 128 + l, s)) fail("wgmma reads TMA data before every thread of the warpgroup waited for its mbarrier phase");
+            tma_checked.insert(key);
+          }
+        } else if (s.write_epoch == g_epoch) {
+          fail("wgmma reads data written with no __syncthreads in between");
+        }
         if (!s.proxy_visible)
           fail("wgmma reads data written through the generic proxy without fence.proxy.async by its writer");
         o->snapshot.push_back({addr + b, p[b]});
@@ -274,7 +373,7 @@ void wgmma_wait(int n) {
           --s.wgmma_readers;
           if (*host(addr, 1, "wgmma operand") != v) fail("a wgmma's shared operand changed while it was in flight");
           s.read_epoch = g_epoch;
-          s.reader_warp = -2;
+          s.reader_warp = -(10 + op->wg);
         }
         op->snapshot.clear();
       }
@@ -282,6 +381,96 @@ void wgmma_wait(int n) {
     me.wg_groups.pop_front();
   }
   me.fenced = false;
+}
+
+// ---------------------------------------------------------------- mbarrier and TMA (operations)
+// The emulator's CUtensorMap contents (encode_tile_map writes them; the 128 opaque bytes hold this).
+struct EmuMap {
+  uint32_t magic;
+  uint32_t box_rows;
+  const unsigned char* base;
+  uint64_t dims[4];
+  uint64_t strides[3];  // bytes, dims 1..3
+};
+static_assert(sizeof(EmuMap) <= sizeof(CUtensorMap), "fits the opaque map");
+constexpr uint32_t kMapMagic = 0x544d4150;
+
+void mbar_init(uint32_t bar, int count) {
+  if (bar % 8) fail("mbarrier.init: address not 8-byte aligned");
+  host(bar, 8, "mbarrier.init");
+  if (count < 1) fail("mbarrier.init: count < 1");
+  Mbar b;
+  b.count = b.pending = count;
+  g_mbars[bar] = b;
+}
+void mbar_arrive(uint32_t bar, long tx) {
+  Mbar& b = mbar(bar, "mbarrier.arrive");
+  b.tx += tx;
+  if (--b.pending < 0) fail("mbarrier.arrive: more arrivals than the barrier's count in one phase");
+  mbar_check_phase(bar, b);
+}
+void mbar_wait(uint32_t bar, uint32_t parity) {
+  for (;;) {
+    Mbar& b = mbar(bar, "mbarrier.try_wait");
+    if (parity > 1) fail("mbarrier.try_wait.parity: parity not 0 or 1");
+    // Phase number `completed` is running; the phase of parity P last completed iff completed % 2 != P.
+    if (static_cast<uint32_t>(b.completed % 2) != parity) {
+      long& seen = g_observed[cur().tid][bar];
+      seen = std::max(seen, b.completed);
+      return;
+    }
+    b.waiters.push_back(cur().tid);
+    yield_blocked();
+  }
+}
+void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1, int c2, int c3) {
+  EmuMap m;
+  std::memcpy(&m, tmap, sizeof m);
+  if (m.magic != kMapMagic) fail("cp.async.bulk.tensor: not a tensor map encode_tile_map made");
+  if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned (128-byte swizzle)");
+  mbar(bar, "cp.async.bulk.tensor");
+  TmaCopy c;
+  c.bar = bar;
+  const int coords[4] = {c0, c1, c2, c3};
+  for (uint32_t r = 0; r < m.box_rows; ++r) {
+    for (int e = 0; e < 64; ++e) {
+      const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
+      bool inside = true;
+      for (int i = 0; i < 4; ++i) inside = inside && idx[i] >= 0 && idx[i] < static_cast<int64_t>(m.dims[i]);
+      uint8_t v[2] = {0, 0};
+      if (inside) {
+        const unsigned char* src = m.base + idx[0] * 2 + idx[1] * m.strides[0] + idx[2] * m.strides[1] + idx[3] * m.strides[2];
+        bool in_bounds = false;
+        for (const Buffer& b : g_inputs) {
+          const char* ps = reinterpret_cast<const char*>(src);
+          if (ps >= b.begin && ps + 2 <= b.begin + b.bytes) in_bounds = true;
+        }
+        if (!in_bounds) fail("cp.async.bulk.tensor: the map reads outside q/k/v");
+        std::memcpy(v, src, 2);
+      }
+      // Row r at 128·r, its 16-byte chunks XORed with address bits 7..9 (the 128-byte swizzle).
+      uint32_t a = dst + r * 128 + e * 2;
+      a ^= ((a >> 7) & 7) << 4;
+      for (int h = 0; h < 2; ++h) c.bytes.push_back({a + h, v[h]});
+    }
+  }
+  (void)coords;
+  for (const auto& [addr, v] : c.bytes) {
+    host(addr, 1, "cp.async.bulk.tensor");
+    ByteState& s = g_bytes[addr];
+    if (s.wgmma_readers) fail("cp.async.bulk.tensor overwrites an operand of a wgmma still in flight");
+    if (s.pending) fail("cp.async.bulk.tensor: two copies in flight to the same shared bytes");
+    ++s.pending;
+  }
+  g_tma.push_back(std::move(c));
+}
+// setmaxnreg: all 128 threads of the warpgroup take part (.sync.aligned); the budget itself is the
+// compiler's business (ptxas -v in .ci/compile_csrc.sh).
+void setmaxnreg(int regs, bool inc) {
+  if (regs < 24 || regs > 256 || regs % 8) fail("setmaxnreg: count not a multiple of 8 in [24, 256]");
+  const int wg = cur().tid / 128;
+  collective(g_warpgroups[wg], wg * 128, 128, std::string("setmaxnreg.") + (inc ? "inc " : "dec ") + std::to_string(regs),
+             [](Collective&) {});
 }
 }  // namespace emu
 
@@ -301,6 +490,22 @@ inline void wgmma_commit() { emu::wgmma_commit(); }
 template <int N>
 inline void wgmma_wait() {
   emu::wgmma_wait(N);
+}
+inline void mbar_init(uint32_t bar, int count) { emu::mbar_init(bar, count); }
+inline void mbar_fence_init() {}
+inline void mbar_arrive(uint32_t bar) { emu::mbar_arrive(bar, 0); }
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbar_arrive(bar, bytes); }
+inline void mbar_wait(uint32_t bar, uint32_t parity) { emu::mbar_wait(bar, parity); }
+inline void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1, int c2, int c3) {
+  emu::tma_load_4d(dst, tmap, bar, c0, c1, c2, c3);
+}
+template <int kRegs>
+inline void setmaxnreg_inc() {
+  emu::setmaxnreg(kRegs, true);
+}
+template <int kRegs>
+inline void setmaxnreg_dec() {
+  emu::setmaxnreg(kRegs, false);
 }
 template <int N>
 inline void fence_operands(float (&)[N]) {}
@@ -329,6 +534,29 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
   return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
                               [](const Params& p) { flash_fwd_sm90_kernel<Tr, T>(p); });
+}
+template <class Tr, typename T>
+cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t) {
+  const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
+  return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
+                              [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<Tr, T>(p, maps); });
+}
+// cuTensorMapEncodeTiled's rules that matter here (CUDA driver API docs): a 16-byte aligned base,
+// byte strides multiples of 16 below 2^40, dims in [1, 2^32], a box of at most 256 rows whose inner
+// extent (64 x 2 bytes) is at most the 128-byte swizzle span.
+bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (&dims)[4], const uint64_t (&strides)[3],
+                     uint32_t box_rows) {
+  if (reinterpret_cast<uintptr_t>(base) % 16) return false;
+  for (uint64_t d : dims)
+    if (d < 1 || d > (uint64_t{1} << 32)) return false;
+  for (uint64_t s : strides)
+    if (s % 16 || s >= (uint64_t{1} << 40)) return false;
+  if (box_rows < 1 || box_rows > 256) return false;
+  emu::EmuMap m{emu::kMapMagic, box_rows, static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
+                {strides[0], strides[1], strides[2]}};
+  std::memset(static_cast<void*>(map), 0, sizeof(CUtensorMap));
+  std::memcpy(static_cast<void*>(map), &m, sizeof m);
+  return true;
 }
 }  // namespace flash_fwd_sm90
 }  // namespace tiled_attn
@@ -369,10 +597,12 @@ namespace {
 
 using emu_cases::Case;
 
-// The run of a case: attention_fwd_sm90 with the dynamic shared memory at a random base.
-emu_cases::CaseRun case_run(const Case& c) {
+// The run of a case: attention_fwd_sm90 (ws: attention_fwd_sm90_ws, the warp-specialized kernel) with
+// the dynamic shared memory at a random base.
+emu_cases::CaseRun case_run(const Case& c, bool ws) {
   emu_cases::CaseRun run;
-  run.entry = "attention_fwd_sm90";
+  run.entry = ws ? "attention_fwd_sm90_ws" : "attention_fwd_sm90";
+  run.tag = ws ? "ws" : "cp.async";
   run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
   run.prepare = [](std::mt19937& rng) {
@@ -381,10 +611,12 @@ emu_cases::CaseRun case_run(const Case& c) {
     std::snprintf(s, sizeof s, "smem_base=%4u", emu::g_base);
     return std::string(s);
   };
-  run.launch = [&c](tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
-                    tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks, tiled_attn::AttnStrides os, float scale) {
-    return tiled_attn::attention_fwd_sm90(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os,
-                                          scale, c.causal, c.offset, nullptr);
+  run.launch = [&c, ws](tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
+                        float* lse, tiled_attn::AttnStrides qs, tiled_attn::AttnStrides ks, tiled_attn::AttnStrides os,
+                        float scale) {
+    const auto entry = ws ? tiled_attn::attention_fwd_sm90_ws : tiled_attn::attention_fwd_sm90;
+    return entry(dtype, q, k, v, out, lse, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, os, scale, c.causal, c.offset,
+                 nullptr);
   };
   return run;
 }
@@ -419,7 +651,14 @@ int main(int argc, char** argv) {
     cases.push_back({1, 2, 1, 5, 0, d, false, 0, !bf});               // no keys at all
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
   }
-  for (const Case& c : cases) emu_cases::run_counted(c, rng, case_run(c), failed, ran);
+  // Optional third argument: "ws" or "cp.async" runs that kernel only (default: both).
+  const std::string only = argc > 3 ? argv[3] : "";
+  for (const Case& c : cases) {
+    for (bool ws : {false, true}) {
+      if (!only.empty() && only != (ws ? "ws" : "cp.async")) continue;
+      emu_cases::run_counted(c, rng, case_run(c, ws), failed, ran);
+    }
+  }
   std::printf("%d of %d cases failed\n", failed, ran);
   return failed ? 1 : 0;
 }

@@ -39,10 +39,14 @@ The wgmma forward (csrc/attention/sm90/, sm_90a only): a second forward kernel o
 MMA (wgmma.mma_async m64nNk16 for Q·Kᵀ and P·V, operands read from 128-byte-swizzled shared memory
 through matrix descriptors, two consumer warpgroups of 64 query rows; flash_fwd_sm90_kernel.cuh says
 more), for head dims 64, 128, 256 in fp16/bf16. Compiled into the extension only on compute
-capability 9.0. Which kernel a launch runs: `attention_forward(..., kernel="mma" | "wgmma")`, else
+capability 9.0. "wgmma_ws" is its warp-specialized form (sm90/flash_fwd_sm90_ws_kernel.cuh,
+FlashAttention-3's producer/consumer structure: a producer warp loads Q, K and V tiles by TMA into a
+shared-memory ring guarded by mbarriers; two consumer warpgroups compute, with no CTA barrier in the
+loop); same head dims, dtypes and results, forced only (no config row names it yet).
+Which kernel a launch runs: `attention_forward(..., kernel="mma" | "wgmma" | "wgmma_ws")`, else
 `forced_kernel(...)` (a context manager: the tests' and benchmarks' hook, since ta.attention has no
 such argument), else the "kernel" field of the tile_config row ("mma" where absent: today every row,
-so the default is unchanged). A forced "wgmma" runs the wgmma kernel for every shape (no split-KV
+so the default is unchanged). A forced "wgmma"/"wgmma_ws" runs that kernel for every shape (no split-KV
 plan); a ValueError names the argument on a device other than sm_90 or another head dim. Verified on
 the CPU emulator (tests/emulation/flash_fwd_sm90_emulator.cpp); NOT YET MEASURED ON THE H100.
 """
@@ -162,7 +166,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 # ---- kernel selection: mma.sync (flash_fwd_kernel.cuh) or wgmma (sm90/flash_fwd_sm90_kernel.cuh) ----
-KERNELS = ("mma", "wgmma")
+KERNELS = ("mma", "wgmma", "wgmma_ws")
+SM90_KERNELS = ("wgmma", "wgmma_ws")
 # What csrc/attention/sm90/flash_fwd_sm90_hdim*.cu instantiate (attention_sm90_head_dim_supported).
 SM90_HEAD_DIMS = (64, 128, 256)
 _forced: list = [None]  # forced_kernel's value (a list: no `global` statement)
@@ -170,7 +175,7 @@ _forced: list = [None]  # forced_kernel's value (a list: no `global` statement)
 
 @contextlib.contextmanager
 def forced_kernel(kernel: str | None):
-    """Within the block, attention_forward calls without kernel= run `kernel` ("mma" | "wgmma"; None:
+    """Within the block, attention_forward calls without kernel= run `kernel` (one of KERNELS; None:
     the config row's). The hook through which tests and benchmarks force the wgmma kernel behind
     ta.attention(..., backend="cuda")."""
     if kernel is not None and kernel not in KERNELS:
@@ -192,20 +197,21 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> str:
     """The forward kernel for q: `kernel` if given, else the "kernel" field of q's tile_config row
     ("mma" where the row has none). ValueError, naming the argument, for an unknown name, or for
-    "wgmma" on a device other than compute capability 9.0 or a head dim it does not instantiate."""
+    "wgmma"/"wgmma_ws" on a device other than compute capability 9.0 or a head dim they do not
+    instantiate."""
     d = q.shape[-1]
     if kernel is None:
         kernel = tile_config(d, q.device, causal=causal).get("kernel", "mma") if d in HEAD_DIMS else "mma"
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
-    if kernel == "wgmma":
+    if kernel in SM90_KERNELS:
         cap = _capability(q.device)
         if cap != (9, 0):
             where = f"compute capability {cap[0]}.{cap[1]}" if cap else q.device.type
-            raise ValueError(f"kernel='wgmma' needs an sm_90 (Hopper) CUDA device, got {where} ({q.device}); "
+            raise ValueError(f"kernel={kernel!r} needs an sm_90 (Hopper) CUDA device, got {where} ({q.device}); "
                              "use kernel='mma'")
         if d not in SM90_HEAD_DIMS:
-            raise ValueError(f"kernel='wgmma' supports head dims {SM90_HEAD_DIMS}, got D={d}; use kernel='mma'")
+            raise ValueError(f"kernel={kernel!r} supports head dims {SM90_HEAD_DIMS}, got D={d}; use kernel='mma'")
     return kernel
 
 
@@ -227,17 +233,17 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     With `causal`, query i sees key j iff j <= i + causal_offset; a row that sees no key gets output
     0 and lse -inf. Launches on the current stream of q's device. `num_splits` (a test hook): None
     plans (split_plan), 0 forces the forward kernel, n >= 1 the split-KV path with n key splits
-    (splits past the keys included: they write the identity state). `kernel`: "mma" | "wgmma" | None
-    (forced_kernel's, else the config row's; see the module docstring); a forced "wgmma" takes no
+    (splits past the keys included: they write the identity state). `kernel`: one of KERNELS or None
+    (forced_kernel's, else the config row's; see the module docstring); a forced sm90 kernel takes no
     split (num_splits must be None or 0). Loads the extension, reads the device's limits and looks
     up the config rows here, once.
     """
     require_attention(q)
     forced = kernel if kernel is not None else _forced[0]
     kernel = select_kernel(forced, q, bool(causal))
-    if kernel == "wgmma" and forced is not None:
+    if kernel in SM90_KERNELS and forced is not None:
         if num_splits not in (None, 0):
-            raise ValueError(f"num_splits must be None or 0 with kernel='wgmma' (it has no split-KV path), "
+            raise ValueError(f"num_splits must be None or 0 with kernel={kernel!r} (it has no split-KV path), "
                              f"got {num_splits!r}")
         num_splits = 0
     b, hq, nq, d = q.shape
@@ -255,7 +261,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
                                 sm_count, decode_config(d, q.device), smem_per_sm)
     elif not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= 65535:
         raise ValueError(f"num_splits must be None or an int in [0, 65535], got {num_splits!r}")
-    if num_splits == 0 and kernel == "wgmma" and not getattr(ext, "has_attention_sm90", False):
+    if num_splits == 0 and kernel in SM90_KERNELS and not getattr(ext, "has_attention_sm90", False):
         raise RuntimeError("the CUDA extension was built without the wgmma attention kernel "
                            "(csrc/attention/sm90/): rebuild it on an sm_90 device")
     # Inputs whose layout the 16-byte copies cannot take are copied (.contiguous()) on every call;
@@ -265,9 +271,11 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     out_ok, lse_ok = _layout_ready(out, out.shape[:3]), lse.is_contiguous() and lse.dtype == torch.float32
     scale, causal, causal_offset, index = float(scale), bool(causal), int(causal_offset), q.device.index
     workspace = b * hq * nq * num_splits * (d + 2)
+    post = ()  # arguments after the stream
     if num_splits == 0:
-        fn = ext.attention_fwd_sm90 if kernel == "wgmma" else ext.attention_fwd
+        fn = ext.attention_fwd_sm90 if kernel in SM90_KERNELS else ext.attention_fwd
         tail = (scale, causal, causal_offset)
+        post = (kernel == "wgmma_ws",) if kernel in SM90_KERNELS else ()
     else:
         fn, tail = ext.attention_fwd_split, (num_splits, scale, causal, causal_offset)
     call = _build.call
@@ -279,7 +287,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
             b, nq, hq, d, dtype=out.dtype, device=out.device).transpose(1, 2)
         lse_k = lse if lse_ok else torch.empty(b, hq, nq, dtype=torch.float32, device=lse.device)
         if num_splits == 0:
-            call(fn, q, k, v, out_k, lse_k, *tail, _stream(index))
+            call(fn, q, k, v, out_k, lse_k, *tail, _stream(index), *post)
         else:
             # The partials of every (row, split): allocated on the current stream, read by the merge
             # launched right after on the same stream.

@@ -19,6 +19,15 @@ cudaError_t attention_fwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                                cudaStream_t stream);
 
+// The warp-specialized kernel (sm90/flash_fwd_sm90_ws_kernel.cuh: a TMA producer warp, two consumer
+// warpgroups): same arguments, results and errors; cudaErrorInvalidValue also when the driver refuses
+// a tensor map.
+cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
+                                  int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
+                                  int64_t seqlen_k, int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride,
+                                  AttnStrides v_stride, AttnStrides o_stride, float scale, bool causal,
+                                  int64_t causal_offset, cudaStream_t stream);
+
 bool attention_sm90_head_dim_supported(int64_t head_dim);
 
 }  // namespace tiled_attn

@@ -1,4 +1,4 @@
-// flash_fwd_sm90.cu: attention_fwd_sm90 (attention_sm90.h): the argument checks and Params shared with the
+// flash_fwd_sm90.cu: attention_fwd_sm90 and attention_fwd_sm90_ws (attention_sm90.h): the argument checks and Params shared with the
 // mma.sync kernel (flash_fwd::make_params), and the dispatch over head dim and dtype (Sm90HeadDims) to
 // the instantiations in flash_fwd_sm90_hdim*.cu.
 #include <cuda_bf16.h>
@@ -11,6 +11,8 @@ namespace tiled_attn {
 namespace flash_fwd_sm90 {
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90(const flash_fwd::Params& params, int batch_heads, cudaStream_t stream);
+template <int kHeadDim, typename T>
+cudaError_t run_flash_fwd_sm90_ws(const flash_fwd::Params& params, int batch_heads, cudaStream_t stream);
 }  // namespace flash_fwd_sm90
 
 // What flash_fwd_sm90_hdim<D>.cu instantiate (tiled_attn/cuda/attention.py SM90_HEAD_DIMS mirrors it).
@@ -28,6 +30,21 @@ cudaError_t attention_fwd_sm90(AttnDtype dtype, const void* q, const void* k, co
       [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
         using T = typename decltype(elem)::type;
         return flash_fwd_sm90::run_flash_fwd_sm90<decltype(dim)::value, T>(p, batch_heads, stream);
+      },
+      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
+      causal, causal_offset);
+}
+
+cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
+                                  int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
+                                  int64_t seqlen_k, int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride,
+                                  AttnStrides v_stride, AttnStrides o_stride, float scale, bool causal,
+                                  int64_t causal_offset, cudaStream_t stream) {
+  return Sm90HeadDims::run(
+      dtype, head_dim,
+      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
+        using T = typename decltype(elem)::type;
+        return flash_fwd_sm90::run_flash_fwd_sm90_ws<decltype(dim)::value, T>(p, batch_heads, stream);
       },
       q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
       causal, causal_offset);

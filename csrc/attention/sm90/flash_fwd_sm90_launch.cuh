@@ -1,10 +1,16 @@
-// flash_fwd_sm90_launch.cuh: the host launcher of flash_fwd_sm90_kernel. Included only by the
-// flash_fwd_sm90_hdim*.cu files (one head dim each, both dtypes) and by the CPU emulator (which
-// supplies launch_kernel).
+// flash_fwd_sm90_launch.cuh: the host launchers of flash_fwd_sm90_kernel and of the warp-specialized
+// flash_fwd_sm90_ws_kernel (with its TMA tensor maps). Included only by the flash_fwd_sm90_hdim*.cu
+// files (one head dim each, both dtypes) and by the CPU emulator (which supplies launch_kernel,
+// launch_ws_kernel and encode_tile_map).
 #pragma once
+
+#ifndef TILED_ATTN_EMULATION
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
 
 #include "../launch_common.cuh"
 #include "flash_fwd_sm90_kernel.cuh"
+#include "flash_fwd_sm90_ws_kernel.cuh"
 
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
@@ -27,6 +33,94 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t stream)
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90(const Params& params, int batch_heads, cudaStream_t stream) {
   return launch_kernel<Traits<kHeadDim>, T>(params, batch_heads, stream);
+}
+
+// A 4-D tile map with 128-byte swizzle over 16-bit elements: dims innermost first (the head dim, rows,
+// heads, batch), byte strides of dims 1..3, box = 64 elements x box_rows x 1 x 1. False when the
+// driver refuses it (the caller reports cudaErrorInvalidValue). The driver's entry point is looked up
+// through the runtime once (no link against libcuda).
+inline bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
+                            const uint64_t (&strides)[3], uint32_t box_rows)
+#ifdef TILED_ATTN_EMULATION
+    ;
+#else
+{
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dim[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t stride[3] = {strides[0], strides[1], strides[2]};
+  const cuuint32_t boxes[4] = {64, box_rows, 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  // The element type only sizes the elements here (no conversion, zero fill out of bounds): fp16 for both.
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dim, stride, boxes, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif
+
+// The map of one (B, H, N, D) operand (element strides batch / head / seq, D contiguous). A stride of a
+// dimension of size 1 is never used; it is replaced by the packed one so the map's rule (multiples of
+// 16 bytes) holds for any view.
+inline bool encode_operand(CUtensorMap* map, const void* base, int64_t batch, int64_t heads, int64_t rows,
+                           int64_t d, int64_t s_batch, int64_t s_head, int64_t s_seq, uint32_t box_rows) {
+  const int64_t seq = rows > 1 ? s_seq : d;
+  const int64_t head = heads > 1 ? s_head : seq * rows;
+  const int64_t bat = batch > 1 ? s_batch : head * heads;
+  const uint64_t dims[4] = {static_cast<uint64_t>(d), static_cast<uint64_t>(rows), static_cast<uint64_t>(heads),
+                            static_cast<uint64_t>(batch)};
+  const uint64_t strides[3] = {static_cast<uint64_t>(seq) * 2, static_cast<uint64_t>(head) * 2,
+                               static_cast<uint64_t>(bat) * 2};
+  return encode_tile_map(map, base, dims, strides, box_rows);
+}
+
+template <class Tr, typename T>
+cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t stream)
+#ifdef TILED_ATTN_EMULATION
+    ;
+#else
+{
+  const auto kernel = flash_fwd_sm90_ws_kernel<Tr, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
+  for (int64_t first = 0; first < batch_heads; first += kMaxGridY) {
+    params.bh_offset = static_cast<int>(first);
+    const dim3 grid(m_blocks, static_cast<unsigned>(std::min<int64_t>(kMaxGridY, batch_heads - first)), 1);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+#endif
+
+// The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
+// alignment of every base and stride, which is also TMA's rule). With no key at all it runs the
+// cp.async kernel (a map needs every dimension >= 1; that kernel only writes zeros and -inf then).
+template <int kHeadDim, typename T>
+cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
+  using Tr = WsTraits<kHeadDim>;
+  if (params.seqlen_k == 0) return run_flash_fwd_sm90<kHeadDim, T>(params, batch_heads, stream);
+  const int64_t batch = batch_heads / params.heads_q, heads_kv = params.heads_q / params.group;
+  TmaMaps maps;
+  if (!encode_operand(&maps.q, params.q, batch, params.heads_q, params.seqlen_q, kHeadDim, params.q_batch,
+                      params.q_head, params.q_seq, Tr::kBlockM) ||
+      !encode_operand(&maps.k, params.k, batch, heads_kv, params.seqlen_k, kHeadDim, params.k_batch, params.k_head,
+                      params.k_seq, Tr::kBlockN) ||
+      !encode_operand(&maps.v, params.v, batch, heads_kv, params.seqlen_k, kHeadDim, params.v_batch, params.v_head,
+                      params.v_seq, Tr::kBlockN)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_ws_kernel<Tr, T>(params, maps, batch_heads, stream);
 }
 
 }  // namespace flash_fwd_sm90

@@ -1,0 +1,247 @@
+// flash_fwd_sm90_ws_kernel.cuh: the warp-specialized wgmma attention forward, FlashAttention-3's
+// producer/consumer structure over flash_fwd_sm90_kernel.cuh's math (same wgmma products, same
+// softmax_tile, same shared-memory layout). What changes is how tiles arrive and who waits:
+//   warpgroup 0, the producer: one thread issues TMA tile loads (cp.async.bulk.tensor through
+//     host-made CUtensorMaps) of Q once and of K and V into a kStages ring; each slot has a "K full"
+//     and a "V full" mbarrier (the TMA's bytes complete them) and an "empty" one (the consumers
+//     arrive after their last read of the slot). The warpgroup gives its registers back
+//     (setmaxnreg.dec to 24) and its other three warps exit at once.
+//   warpgroups 1 and 2, the consumers: 64 query rows each (setmaxnreg.inc to 240: the S and O
+//     accumulators and P), wait for a slot's K, compute S = Q Kᵀ, the online softmax, wait for V,
+//     O += P V, and free the slot. No __syncthreads in the loop: the two consumers run independently
+//     and the producer runs kStages tiles ahead of the slower one.
+// Compared with the cp.async kernel this removes the consumers' copy instructions and address math,
+// the per-tile wait_group and the CTA-wide barrier per tile (which kept both warpgroups in lockstep).
+// Not yet: the intra-warpgroup overlap of one tile's softmax with the next tile's Q Kᵀ, and the
+// ping-pong of the two consumers (FA3 §3.1-3.2).
+//
+// TMA does what the cp.async kernel's predicates did: a box past the end of the keys (or queries) is
+// zero-filled, and the tensor maps carry the 64-bit strides (coordinates are 32-bit indices). The
+// 128-byte swizzle of the maps lays each 64-column block out exactly as swizzled_offset does (chunk
+// c of row r at c ^ (r % 8)), so the descriptors and the emulator's layout checks are the cp.async
+// kernel's. The box is 64 columns (128 bytes, the swizzle's limit) by the tile's rows: D / 64 boxes
+// a tile, block b at b·rows·128 bytes.
+// Epilogue: each warp stages its own 16 rows of O in the (then free) Q rows it owns and stores them
+// with 16-byte row-contiguous stores; a __syncwarp orders the two (no CTA barrier needed).
+// tests/emulation/flash_fwd_sm90_emulator.cpp runs this kernel too (mbarrier phases, tx counts and
+// TMA completion emulated, completion deferred to a random later point of the schedule).
+#pragma once
+
+#include "flash_fwd_sm90_kernel.cuh"
+#include "tma.cuh"
+
+namespace tiled_attn {
+namespace flash_fwd_sm90 {
+
+// The three tensor maps (Q, K, V over (D, N, H, B), innermost first), passed as one __grid_constant__
+// kernel parameter: TMA reads a map from parameter space by its generic address.
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+template <int kHeadDim_>
+struct WsTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kConsumerThreads = kConsumers * 128;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  // Ring depth: as many slots as fit beside Q under the 227 KB opt-in (D = 64: 4, 128: 3, 256: 2).
+  static constexpr int kStages = kHeadDim == 64 ? 4 : kHeadDim == 128 ? 3 : 2;
+  static constexpr int kSRegs = kBlockN / 2;
+  static constexpr int kORegs = kHeadDim / 2;
+  static constexpr int kQKSteps = kHeadDim / 16;
+  static constexpr int kPVSteps = kBlockN / 16;
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte (64-element) column blocks, one TMA box each
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kBarriers = 1 + 3 * kStages;  // Q full; K full, V full, empty per slot
+  // + 1024: the dynamic shared memory base is aligned up to the swizzle atom inside the kernel.
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
+  // Register budgets after setmaxnreg: 24 x 128 + 240 x 256 = 64512 = 168 x 384, what
+  // __launch_bounds__(384, 1) gives the CTA at launch.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static_assert(kSmemBytes <= 232448, "the sm90 opt-in shared memory limit");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
+};
+
+template <class Tr, typename T>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_fwd_sm90_ws_kernel(const Params p, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // every tile 1024-byte aligned
+  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sV = sK + Tr::kStages * Tr::kKVBytes;
+  const uint32_t sBar = sV + Tr::kStages * Tr::kKVBytes;
+  const uint32_t bar_q = sBar;
+  auto full_k = [&](int s) { return sBar + 8u * (1 + s); };
+  auto full_v = [&](int s) { return sBar + 8u * (1 + Tr::kStages + s); };
+  auto empty = [&](int s) { return sBar + 8u * (1 + 2 * Tr::kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+
+  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
+  const int bh = p.bh_offset + static_cast<int>(blockIdx.y);
+  const int batch = bh / p.heads_q, head = bh - batch * p.heads_q;
+  const int head_kv = head / p.group;
+  const int m0 = m_block * Tr::kBlockM;
+  const int rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
+
+  auto row_limit = [&](int64_t i) -> int {
+    return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
+  };
+  const int kv_end = row_limit(m0 + rows_q - 1);
+  const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int unmasked_end = row_limit(m0);
+  // Key tiles in descending order: the ones the causal diagonal or the ragged end cut come first.
+  auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+#pragma unroll
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty(s), Tr::kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      // Q is loaded even with no key tile: the consumers wait for it before they reuse its shared
+      // memory, so no TMA is still writing there when the CTA's stores read it back.
+      mbar_arrive_expect_tx(bar_q, Tr::kQBytes);
+#pragma unroll
+      for (int b = 0; b < Tr::kColBlocks; ++b)
+        tma_load_4d(sQ + b * Tr::kBlockM * 128, &maps.q, bar_q, 64 * b, m0, head, batch);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % Tr::kStages;
+        // Round r of slot s waits for the consumers' r-th release (phase r − 1); round 0 passes.
+        mbar_wait(empty(s), ((it / Tr::kStages) & 1) ^ 1);
+        const int n0 = tile_key0(it);
+        mbar_arrive_expect_tx(full_k(s), Tr::kKVBytes);
+#pragma unroll
+        for (int b = 0; b < Tr::kColBlocks; ++b)
+          tma_load_4d(sK + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.k, full_k(s), 64 * b, n0, head_kv, batch);
+        mbar_arrive_expect_tx(full_v(s), Tr::kKVBytes);
+#pragma unroll
+        for (int b = 0; b < Tr::kColBlocks; ++b)
+          tma_load_4d(sV + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.v, full_v(s), 64 * b, n0, head_kv, batch);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;  // this warpgroup's rows: 64cw .. 64cw + 63 of the tile
+  const int warp = (tid % 128) / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const int limit_base =
+      p.causal ? static_cast<int>(clamp64(int64_t{m0} + row0 + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
+               : p.seqlen_k;
+
+  float acc[Tr::kORegs];
+#pragma unroll
+  for (int i = 0; i < Tr::kORegs; ++i) acc[i] = 0.f;
+  AttnRowState rs[2] = {AttnRowState::identity(), AttnRowState::identity()};
+
+  const uint64_t desc_q0 = make_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
+  const uint64_t desc_k0 = make_desc_sw128(sK, 16, 1024);
+  const uint64_t desc_v0 = make_desc_sw128(sV, Tr::kBlockN * 128, 1024);
+  auto advance = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
+
+  mbar_wait(bar_q, 0);
+  for (int it = 0; it < n_tiles; ++it) {
+    const int s = it % Tr::kStages;
+    const uint32_t phase = (it / Tr::kStages) & 1;
+    mbar_wait(full_k(s), phase);
+
+    float sc[Tr::kSRegs];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+      const uint32_t k_off = (kk % 4) * 32;
+      Wgmma<Tr::kBlockN, T>::template ss<0>(
+          sc, advance(desc_q0, (kk / 4) * Tr::kBlockM * 128 + k_off),
+          advance(desc_k0, s * Tr::kKVBytes + (kk / 4) * Tr::kBlockN * 128 + k_off), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(sc);
+
+    const int n0 = tile_key0(it);
+    float alpha[2];
+    if (n0 + Tr::kBlockN > unmasked_end) {
+      softmax_tile<true, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    } else {
+      softmax_tile<false, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    }
+#pragma unroll
+    for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
+
+    uint32_t pa[Tr::kPVSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+
+    mbar_wait(full_v(s), phase);
+    fence_operands(acc);
+    fence_operands(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], advance(desc_v0, s * Tr::kKVBytes + kk * 16 * 128), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(acc);
+    mbar_arrive(empty(s));  // this thread's reads of slot s (K and V) are done
+  }
+
+  // Epilogue: the warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and
+  // every wgmma reading it completed before this warpgroup's last P V was issued), then 16-byte stores.
+  float* const lse_row = p.lse + int64_t{bh} * p.seqlen_q + m0;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);
+    float lse;
+    const float inv_l = rs[hh].finalize(lse);
+    const int r = row0 + 8 * hh;
+#pragma unroll
+    for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
+      st_shared_b32(sQ + swizzled_offset<Tr::kBlockM>(r, j) + 4 * t,
+                    pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l));
+    }
+    if (t == 0 && r < rows_q) lse_row[r] = lse;
+  }
+  __syncwarp();
+  constexpr int kChunks = Tr::kHeadDim / 8;        // 16-byte chunks a row
+  constexpr int kRowsPerStep = kWarpSize / kChunks;  // rows one 32-lane store covers (4, 2, 1)
+  const int chunk = lane % kChunks;
+  T* const gO = static_cast<T*>(p.out) + int64_t{batch} * p.o_batch + int64_t{head} * p.o_head + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < 16 / kRowsPerStep; ++i) {
+    const int r = cw * 64 + warp * 16 + lane / kChunks + i * kRowsPerStep;
+    if (r < rows_q) {
+      *reinterpret_cast<uint4*>(gO + int64_t{m0 + r} * p.o_seq) = ld_shared_b128(sQ + swizzled_offset<Tr::kBlockM>(r, chunk));
+    }
+  }
+}
+
+}  // namespace flash_fwd_sm90
+}  // namespace tiled_attn
