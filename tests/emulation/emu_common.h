@@ -179,6 +179,9 @@ inline void yield_blocked() {
   cur().blocked = true;
   swapcontext(&cur().ctx, &g_sched);
 }
+// A scheduling point: other threads (and, in the sm90 emulator, TMA completions) may run before this
+// thread's next instruction.
+inline void yield_now() { swapcontext(&cur().ctx, &g_sched); }
 
 inline void check_byte_read(uint32_t addr, const char* what) {
   host(addr, 1, what);
@@ -459,7 +462,6 @@ inline const uint3& thread_idx() {
 #define gridDim (::emu::g_grid_dim)
 #define __syncthreads() ::emu::syncthreads()
 #define __syncwarp() ::emu::syncwarp()
-#define __grid_constant__
 #define __shfl_xor_sync(mask, v, offset) ::emu::shfl_xor((v), (offset))
 
 // The PTX wrappers both kernels have, with the same signatures (not compiled under TILED_ATTN_EMULATION).

@@ -408,6 +408,11 @@ void mbar_arrive(uint32_t bar, long tx) {
   b.tx += tx;
   if (--b.pending < 0) fail("mbarrier.arrive: more arrivals than the barrier's count in one phase");
   mbar_check_phase(bar, b);
+  // A plain arrive (a consumer freeing a slot) is a scheduling point: a waiter it releases may run
+  // before the arriving thread goes on, so a slot freed before its readers completed is refilled
+  // while they are in flight, and fails. (Not after arrive.expect_tx: the producer's own TMAs
+  // follow it at once.)
+  if (tx == 0) yield_now();
 }
 void mbar_wait(uint32_t bar, uint32_t parity) {
   for (;;) {

@@ -12,8 +12,8 @@
 //     and the producer runs kStages tiles ahead of the slower one.
 // Compared with the cp.async kernel this removes the consumers' copy instructions and address math,
 // the per-tile wait_group and the CTA-wide barrier per tile (which kept both warpgroups in lockstep).
-// Not yet: the intra-warpgroup overlap of one tile's softmax with the next tile's Q Kᵀ, and the
-// ping-pong of the two consumers (FA3 §3.1-3.2).
+// Inside a consumer, one tile's softmax overlaps the previous tile's P V (below). Not yet: the
+// ping-pong of the two consumers (FA3 §3.1), a persistent tile scheduler.
 //
 // TMA does what the cp.async kernel's predicates did: a box past the end of the keys (or queries) is
 // zero-filled, and the tensor maps carry the 64-bit strides (coordinates are 32-bit indices). The
@@ -161,36 +161,47 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint64_t desc_v0 = make_desc_sw128(sV, Tr::kBlockN * 128, 1024);
   auto advance = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
 
-  mbar_wait(bar_q, 0);
-  for (int it = 0; it < n_tiles; ++it) {
+  // Intra-warpgroup pipelining (FA3 §3.2): iteration it issues S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}
+  // back to back, waits for S_it only (wait_group 1) and runs its softmax while the P V product is
+  // still on the tensor cores; then waits for P V, frees slot it − 1, rescales O by alpha_it and
+  // rounds P_it into the A fragments (which the P V in flight read until then: two registers sets
+  // are not needed, the float S is exponentiated in place first). S, P and O are live together:
+  // the reason for the 240-register consumers.
+  float sc[Tr::kSRegs];
+  uint32_t pa[Tr::kPVSteps][4];
+  float alpha[2];
+  auto issue_qk = [&](int it) {
     const int s = it % Tr::kStages;
-    const uint32_t phase = (it / Tr::kStages) & 1;
-    mbar_wait(full_k(s), phase);
-
-    float sc[Tr::kSRegs];
-    wgmma_fence();
+    mbar_wait(full_k(s), (it / Tr::kStages) & 1);
 #pragma unroll
     for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
-      const uint32_t k_off = (kk % 4) * 32;
+      const uint32_t k_off = (kk % 4) * 32;  // 16 elements = 32 bytes into the 128-byte rows
       Wgmma<Tr::kBlockN, T>::template ss<0>(
           sc, advance(desc_q0, (kk / 4) * Tr::kBlockM * 128 + k_off),
           advance(desc_k0, s * Tr::kKVBytes + (kk / 4) * Tr::kBlockN * 128 + k_off), kk > 0 ? 1 : 0);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(sc);
-
+  };
+  auto issue_pv = [&](int it) {
+    const int s = it % Tr::kStages;
+    mbar_wait(full_v(s), (it / Tr::kStages) & 1);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], advance(desc_v0, s * Tr::kKVBytes + kk * 16 * 128), 1);
+    }
+  };
+  auto softmax = [&](int it) {
     const int n0 = tile_key0(it);
-    float alpha[2];
     if (n0 + Tr::kBlockN > unmasked_end) {
       softmax_tile<true, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     } else {
       softmax_tile<false, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     }
+  };
+  // P as wgmma's register A fragments: k step kk (keys 16kk..16kk+15) is S's column chunks 2kk
+  // (registers 8kk..8kk+3) and 2kk + 1 (8kk+4..8kk+7).
+  auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
-
-    uint32_t pa[Tr::kPVSteps][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
       pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -198,19 +209,41 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
       pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
+  };
 
-    mbar_wait(full_v(s), phase);
+  mbar_wait(bar_q, 0);
+  if (n_tiles > 0) {
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(sc);
+    softmax(0);
+    rescale_and_pack();
+    for (int it = 1; it < n_tiles; ++it) {
+      fence_operands(acc);
+      fence_operands(pa);
+      wgmma_fence();
+      issue_qk(it);
+      wgmma_commit();
+      issue_pv(it - 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // S_it has landed; P_{it-1} V_{it-1} may still run
+      fence_operands(sc);
+      softmax(it);
+      wgmma_wait<0>();
+      fence_operands(acc);
+      mbar_arrive(empty((it - 1) % Tr::kStages));  // this thread's reads of slot it − 1 are done
+      rescale_and_pack();
+    }
     fence_operands(acc);
     fence_operands(pa);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-      Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], advance(desc_v0, s * Tr::kKVBytes + kk * 16 * 128), 1);
-    }
+    issue_pv(n_tiles - 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(acc);
-    mbar_arrive(empty(s));  // this thread's reads of slot s (K and V) are done
+    mbar_arrive(empty((n_tiles - 1) % Tr::kStages));
   }
 
   // Epilogue: the warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and
