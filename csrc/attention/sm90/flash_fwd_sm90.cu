@@ -20,19 +20,30 @@ using Sm90HeadDims = flash_fwd::HeadDims<64, 128, 256>;
 
 bool attention_sm90_head_dim_supported(int64_t head_dim) { return Sm90HeadDims::contains(head_dim); }
 
+namespace {
+// Both entries' path: the checks and Params of make_params, then the cp.async kernel or (kWs) the
+// warp-specialized one for the dtype and head dim.
+template <bool kWs, typename... Args>
+cudaError_t run_sm90(AttnDtype dtype, int64_t head_dim, cudaStream_t stream, const Args&... args) {
+  return Sm90HeadDims::run(
+      dtype, head_dim,
+      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
+        using T = typename decltype(elem)::type;
+        constexpr int kD = decltype(dim)::value;
+        if constexpr (kWs) return flash_fwd_sm90::run_flash_fwd_sm90_ws<kD, T>(p, batch_heads, stream);
+        else return flash_fwd_sm90::run_flash_fwd_sm90<kD, T>(p, batch_heads, stream);
+      },
+      args...);
+}
+}  // namespace
+
 cudaError_t attention_fwd_sm90(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides o_stride, float scale, bool causal, int64_t causal_offset,
                                cudaStream_t stream) {
-  return Sm90HeadDims::run(
-      dtype, head_dim,
-      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
-        using T = typename decltype(elem)::type;
-        return flash_fwd_sm90::run_flash_fwd_sm90<decltype(dim)::value, T>(p, batch_heads, stream);
-      },
-      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
-      causal, causal_offset);
+  return run_sm90<false>(dtype, head_dim, stream, q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                         q_stride, k_stride, v_stride, o_stride, scale, causal, causal_offset);
 }
 
 cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k, const void* v, void* out, float* lse,
@@ -40,14 +51,8 @@ cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k,
                                   int64_t seqlen_k, int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride,
                                   AttnStrides v_stride, AttnStrides o_stride, float scale, bool causal,
                                   int64_t causal_offset, cudaStream_t stream) {
-  return Sm90HeadDims::run(
-      dtype, head_dim,
-      [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
-        using T = typename decltype(elem)::type;
-        return flash_fwd_sm90::run_flash_fwd_sm90_ws<decltype(dim)::value, T>(p, batch_heads, stream);
-      },
-      q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, q_stride, k_stride, v_stride, o_stride, scale,
-      causal, causal_offset);
+  return run_sm90<true>(dtype, head_dim, stream, q, k, v, out, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                        q_stride, k_stride, v_stride, o_stride, scale, causal, causal_offset);
 }
 
 }  // namespace tiled_attn

@@ -158,6 +158,66 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kSRegs], float (&alp
   }
 }
 
+// Adding (bytes >> 4) to the start-address field moves a descriptor (no carry out of the field:
+// shared addresses are below 2^18).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// S = Q Kᵀ for one warpgroup's 64 rows x kBlockN keys: desc_q / desc_k at k step 0 of its Q rows and of
+// the K slot (both K-major; k step kk is 32 bytes into the 128-byte rows of column block kk / 4).
+template <class Tr, typename T>
+__device__ __forceinline__ void qk_product(float (&s)[Tr::kSRegs], uint64_t desc_q, uint64_t desc_k) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+    const uint32_t k_off = (kk % 4) * 32;
+    Wgmma<Tr::kBlockN, T>::template ss<0>(s, desc_advance(desc_q, (kk / 4) * Tr::kBlockM * 128 + k_off),
+                                         desc_advance(desc_k, (kk / 4) * Tr::kBlockN * 128 + k_off), kk > 0 ? 1 : 0);
+  }
+}
+
+// P (S after softmax_tile) rounded to T as wgmma's register A fragments: k step kk (keys 16kk..16kk+15)
+// is S's column chunks 2kk (registers 8kk..8kk+3) and 2kk + 1 (8kk+4..8kk+7).
+template <class Tr, typename T>
+__device__ __forceinline__ void pack_p(const float (&s)[Tr::kSRegs], uint32_t (&pa)[Tr::kPVSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+    pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// O += P V: desc_v at the V slot (MN-major, 16 keys = 16 rows of 128 bytes a k step).
+template <class Tr, typename T>
+__device__ __forceinline__ void pv_product(float (&acc)[Tr::kORegs], const uint32_t (&pa)[Tr::kPVSteps][4],
+                                           uint64_t desc_v) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPVSteps; ++kk)
+    Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], desc_advance(desc_v, kk * 16 * 128), 1);
+}
+
+// The epilogue's first half: this thread's two rows (row0, row0 + 8 of the tile) of O / l into the
+// swizzled Q tile at sQ, and their lse (rows below rows_q) into lse_row. The caller orders these
+// stores before the tile's read-back (a CTA barrier, or a __syncwarp where each warp reads its own
+// rows).
+template <class Tr, typename T>
+__device__ __forceinline__ void stage_output(const float (&acc)[Tr::kORegs], AttnRowState (&rs)[2], uint32_t sQ,
+                                             int row0, int t, int rows_q, float* lse_row) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);  // l was this thread's columns only
+    float lse;
+    const float inv_l = rs[hh].finalize(lse);   // 0 for a row with no visible key: output 0
+    const int r = row0 + 8 * hh;
+#pragma unroll
+    for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
+      st_shared_b32(sQ + swizzled_offset<Tr::kBlockM>(r, j) + 4 * t,
+                    pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l));
+    }
+    if (t == 0 && r < rows_q) lse_row[r] = lse;
+  }
+}
+
 template <class Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -230,9 +290,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
   const uint64_t desc_q0 = make_desc_sw128(sQ + wg * 64 * 128, 16, 1024);
   const uint64_t desc_k0 = make_desc_sw128(sK, 16, 1024);
   const uint64_t desc_v0 = make_desc_sw128(sV, Tr::kBlockN * 128, 1024);
-  // Adding (bytes >> 4) to the start-address field moves a descriptor (no carry out of the field:
-  // shared addresses are below 2^18).
-  auto advance = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
 
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<Tr::kStages - 2>();  // tile it (and Q with it at it = 0) has landed
@@ -245,13 +302,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
     // S = Q Kᵀ (this warpgroup's 64 rows x kBlockN keys).
     float s[Tr::kSRegs];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
-      const uint32_t k_off = (kk % 4) * 32;  // 16 elements = 32 bytes into the 128-byte rows
-      Wgmma<Tr::kBlockN, T>::template ss<0>(
-          s, advance(desc_q0, (kk / 4) * Tr::kBlockM * 128 + k_off),
-          advance(desc_k0, slot * Tr::kKVBytes + (kk / 4) * Tr::kBlockN * 128 + k_off), kk > 0 ? 1 : 0);
-    }
+    qk_product<Tr, T>(s, desc_q0, desc_advance(desc_k0, slot * Tr::kKVBytes));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(s);
@@ -266,25 +317,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
 
-    // P as wgmma's register A fragments: k step kk (keys 16kk..16kk+15) is S's column chunks 2kk
-    // (registers 8kk..8kk+3) and 2kk + 1 (8kk+4..8kk+7).
     uint32_t pa[Tr::kPVSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    pack_p<Tr, T>(s, pa);
 
     // O += P V.
     fence_operands(acc);
     fence_operands(pa);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-      Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], advance(desc_v0, slot * Tr::kKVBytes + kk * 16 * 128), 1);
-    }
+    pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, slot * Tr::kKVBytes));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(acc);
@@ -294,20 +334,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
   // been waited for, and the barrier orders them before the staging stores below.
   cp_async_wait<0>();
   __syncthreads();
-  float* const lse_row = p.lse + int64_t{bh} * p.seqlen_q + m0;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);  // l was this thread's columns only
-    float lse;
-    const float inv_l = rs[hh].finalize(lse);   // 0 for a row with no visible key: output 0
-    const int r = row0 + 8 * hh;
-#pragma unroll
-    for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
-      st_shared_b32(sQ + swizzled_offset<Tr::kBlockM>(r, j) + 4 * t,
-                    pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l));
-    }
-    if (t == 0 && r < rows_q) lse_row[r] = lse;
-  }
+  stage_output<Tr, T>(acc, rs, sQ, row0, t, rows_q, p.lse + int64_t{bh} * p.seqlen_q + m0);
   __syncthreads();
   T* const gO = static_cast<T*>(p.out) + int64_t{batch} * p.o_batch + int64_t{head} * p.o_head +
                 int64_t{m0 + cp_row} * p.o_seq + cp_chunk * 8;

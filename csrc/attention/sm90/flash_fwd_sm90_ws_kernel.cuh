@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint64_t desc_q0 = make_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
   const uint64_t desc_k0 = make_desc_sw128(sK, 16, 1024);
   const uint64_t desc_v0 = make_desc_sw128(sV, Tr::kBlockN * 128, 1024);
-  auto advance = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
 
   // Intra-warpgroup pipelining (FA3 §3.2): iteration it issues S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}
   // back to back, waits for S_it only (wait_group 1) and runs its softmax while the P V product is
@@ -173,21 +172,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto issue_qk = [&](int it) {
     const int s = it % Tr::kStages;
     mbar_wait(full_k(s), (it / Tr::kStages) & 1);
-#pragma unroll
-    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
-      const uint32_t k_off = (kk % 4) * 32;  // 16 elements = 32 bytes into the 128-byte rows
-      Wgmma<Tr::kBlockN, T>::template ss<0>(
-          sc, advance(desc_q0, (kk / 4) * Tr::kBlockM * 128 + k_off),
-          advance(desc_k0, s * Tr::kKVBytes + (kk / 4) * Tr::kBlockN * 128 + k_off), kk > 0 ? 1 : 0);
-    }
+    qk_product<Tr, T>(sc, desc_q0, desc_advance(desc_k0, s * Tr::kKVBytes));
   };
   auto issue_pv = [&](int it) {
     const int s = it % Tr::kStages;
     mbar_wait(full_v(s), (it / Tr::kStages) & 1);
-#pragma unroll
-    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-      Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], advance(desc_v0, s * Tr::kKVBytes + kk * 16 * 128), 1);
-    }
+    pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, s * Tr::kKVBytes));
   };
   auto softmax = [&](int it) {
     const int n0 = tile_key0(it);
@@ -197,18 +187,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       softmax_tile<false, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
     }
   };
-  // P as wgmma's register A fragments: k step kk (keys 16kk..16kk+15) is S's column chunks 2kk
-  // (registers 8kk..8kk+3) and 2kk + 1 (8kk+4..8kk+7).
   auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
-#pragma unroll
-    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
-      pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
+    pack_p<Tr, T>(sc, pa);
   };
 
   mbar_wait(bar_q, 0);
@@ -248,20 +230,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // Epilogue: the warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and
   // every wgmma reading it completed before this warpgroup's last P V was issued), then 16-byte stores.
-  float* const lse_row = p.lse + int64_t{bh} * p.seqlen_q + m0;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);
-    float lse;
-    const float inv_l = rs[hh].finalize(lse);
-    const int r = row0 + 8 * hh;
-#pragma unroll
-    for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
-      st_shared_b32(sQ + swizzled_offset<Tr::kBlockM>(r, j) + 4 * t,
-                    pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l));
-    }
-    if (t == 0 && r < rows_q) lse_row[r] = lse;
-  }
+  stage_output<Tr, T>(acc, rs, sQ, row0, t, rows_q, p.lse + int64_t{bh} * p.seqlen_q + m0);
   __syncwarp();
   constexpr int kChunks = Tr::kHeadDim / 8;        // 16-byte chunks a row
   constexpr int kRowsPerStep = kWarpSize / kChunks;  // rows one 32-lane store covers (4, 2, 1)
