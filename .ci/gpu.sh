@@ -37,7 +37,7 @@ stage() {  # stage NAME TIMEOUT_S CMD...
 # shared-memory hazards of its own (71 on 2026-11-22, none in ours): checked kernels are ours.
 racecheck() {
   stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
-    --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention
+    --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ${SAN_ARGS:-}
 }
 for s in "$@"; do
   case "$s" in
@@ -75,7 +75,8 @@ for s in "$@"; do
     memcheck_masks) stage memcheck_masks "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
             python -m pytest -q -p no:cacheprovider -x tests/test_masks.py -k "${SAN_MASKS_K:-not bad_input}" ;;
     probe_masks) stage probe_masks "${PROBE_TIMEOUT:-200}" python benchmarks/probe_masks.py --out "$OUT/probe_masks.json" ;;
-    memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ;;
+    # SAN_ARGS: more gpu_sanitize.py options, e.g. --attention-kernels wgmma_ws (the sm90 kernels).
+    memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ${SAN_ARGS:-} ;;
     # The Triton kernels launched from cached plans (triton/launch.py) under memcheck: the
     # compiled-kernel path after JIT dispatch, a misaligned specialization, a captured graph.
     memcheck_plan) stage memcheck_plan "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 \

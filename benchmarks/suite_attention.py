@@ -1,5 +1,5 @@
-"""Attention forward grid (issue 6): 32768 tokens (B·N) of H·D = 2048, bf16, against each SDPA
-backend and compiled FlexAttention."""
+"""Attention forward grid (issues 6, 14): 32768 tokens (B·N) of H = 2048 // D heads (H·D = 2048; 2016 at
+D = 96, 1920 at D = 192), bf16, against each SDPA backend and compiled FlexAttention."""
 from . import harness as h
 
 TOKENS, HIDDEN = 32768, 2048
@@ -9,8 +9,9 @@ def _shape(n, d, causal):
     return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal)
 
 
-SHAPES = [_shape(n, d, c) for c in (False, True) for d in (64, 128, 256)
-          for n in (512, 2048, 8192, 16384)]
+# Issue 14's grid: head dims 64-256 (96 and 192: the Triton and mma kernels only) and N 512-16k.
+SHAPES = [_shape(n, d, c) for c in (False, True) for d in (64, 96, 128, 192, 256)
+          for n in (512, 1024, 2048, 4096, 8192, 16384)]
 QUICK = [_shape(n, 128, c) for c in (False, True) for n in (2048, 8192)]
 
 SUITE = h.Suite(
@@ -25,5 +26,6 @@ SUITE = h.Suite(
           "torch.compile(flex_attention, dynamic=False), compiled once per shape and mask in its "
           "checked first call (never timed); causal through a block mask. cuda-wgmma: backend='cuda' "
           "with the sm_90a wgmma forward forced (csrc/attention/sm90/); cuda-wgmma_ws: its "
-          "warp-specialized form (a TMA producer warp, two consumer warpgroups, mbarrier ring).",
+          "warp-specialized form (a TMA producer warp, two or three consumer warpgroups, mbarrier ring). "
+          "default: backend=None, which on sm90 runs cuda-wgmma_ws where configs.ATTENTION_SELECT says.",
 )

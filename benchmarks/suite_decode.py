@@ -2,7 +2,8 @@
 memory-bound, so GB/s of K/V read against SDPA with enable_gqa=True."""
 from . import harness as h
 
-SHAPES = [dict(B=b, Hq=32, Hkv=8, Nk=nk, D=128) for b in (1, 16) for nk in (4096, 32768, 131072)]
+# Issue 14's grid: B 1-64, Nk 2k-128k (B=64 at Nk=128k reads 34 GB of K/V).
+SHAPES = [dict(B=b, Hq=32, Hkv=8, Nk=nk, D=128) for b in (1, 4, 16, 64) for nk in (2048, 8192, 32768, 131072)]
 QUICK = [dict(B=1, Hq=32, Hkv=8, Nk=32768, D=128), dict(B=16, Hq=32, Hkv=8, Nk=131072, D=128)]
 
 SUITE = h.Suite(

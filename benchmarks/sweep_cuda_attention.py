@@ -15,7 +15,8 @@ stages, flags, and the gain each is predicted to bring). This script
      of the reference's there (a missing or doubled key tile moves lse by ~1/N_tiles), and on the
      whole output finite values within 4·e_flash + eps(bf16) of FA2's. A variant that fails is not
      timed;
-  3. times the survivors and SDPA flash (and cuDNN with --cudnn) in interleaved rounds (each round
+  3. times the survivors and SDPA flash (and cuDNN with --cudnn, tiled_attn's Triton forward with
+     --triton) in interleaved rounds (each round
      runs every provider for ~--round-ms of back-to-back calls timed by CUDA events; the median
      round counts), so clock drift and thermals hit all providers alike;
   4. prints per head dim a variant x point table of TFLOP/s and the ratio to FA2, the worst ratio of
@@ -58,6 +59,7 @@ LSE_TOL = 1e-3
 
 # Names of the flag bits of csrc/attention/flash_fwd.cuh (namespace flag), for the report.
 FLAGS = {1: "kQRegs", 2: "kFold", 4: "kLean", 8: "kJoint", 16: "kSkew", 32: "kLazy"}
+WS = 1 << 16  # a row of the sm90 warp-specialized kernel (sweep_flags::kWs), built on sm_90 only
 CONFIG_FLAGS = {1: "q_in_regs", 2: "fold", 4: "lean", 8: "joint", 16: "skew", 32: "lazy"}
 
 SWEEP_DIR = ROOT / "csrc" / "attention" / "sweep"
@@ -74,11 +76,20 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # Build
 # ------------------------------------------------------------------------------------------------
-def variant_count() -> int:
-    """Rows of kSweep, counted in the header (the library reports the same number once built)."""
+def _rows_text() -> list[str]:
     text = (SWEEP_DIR / "flash_fwd_sweep.cuh").read_text()
     body = text[text.index("kSweep[] = {"):text.index("#undef F")]
-    return len(re.findall(r"^\s*\{\d+,", body, flags=re.M))
+    return re.findall(r"^\s*\{\d+,.*$", body, flags=re.M)
+
+
+def variant_count() -> int:
+    """Rows of kSweep, counted in the header (the library reports the same number once built)."""
+    return len(_rows_text())
+
+
+def ws_rows() -> list[int]:
+    """Indices of the kWs rows (the sm90 warp-specialized kernel), read from the header."""
+    return [i for i, row in enumerate(_rows_text()) if re.search(r"\bkWs\b", row.split('"')[0])]
 
 
 def _sources_digest(flags: list[str]) -> str:
@@ -187,6 +198,8 @@ def flag_names(flags: int, names=FLAGS) -> list[str]:
 
 
 def describe(v: dict) -> str:
+    if v["flags"] & WS:
+        return f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}> ({v['stages']} stages)"
     fl = "|".join(flag_names(v["flags"])) or "0"
     mb = v.get("min_blocks")
     return f"Cfg<{v['block_m']}, {v['block_n']}, {v['warps']}, {v['stages']}, {fl}{'' if not mb or mb == 1 else f', {mb}'}>"
@@ -206,9 +219,9 @@ def ctas_per_sm(v: dict, regs: int | None) -> int | None:
 # ------------------------------------------------------------------------------------------------
 # Points, reference, providers
 # ------------------------------------------------------------------------------------------------
-def points(head_dims) -> list[dict]:
+def points(head_dims, seqlens=SEQLENS) -> list[dict]:
     return [dict(D=d, N=n, B=TOKENS // n, H=HIDDEN // d, causal=c)
-            for d in head_dims for c in (False, True) for n in SEQLENS]
+            for d in head_dims for c in (False, True) for n in seqlens]
 
 
 def label(p: dict) -> str:
@@ -250,6 +263,16 @@ def sdpa_provider(backend: str, q, k, v, causal: bool):
         with sdpa_kernel([which]):
             for _ in range(reps):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out
+    return run
+
+
+def triton_provider(q, k, v, causal: bool):
+    import tiled_attn as ta
+
+    def run(reps: int = 1):
+        for _ in range(reps):
+            out = ta.attention(q, k, v, causal=causal, backend="triton")
         return out
     return run
 
@@ -339,7 +362,7 @@ def markdown(meta: dict, variants: list[dict], pts: list[dict], results: dict, s
         dp = [p for p in pts if p["D"] == d]
         lines += [f"## D = {d}", "", "| variant | Cfg | regs | CTAs/SM | " + " | ".join(label(p) for p in dp) +
                   " | worst | geomean |", "|" + "---|" * (len(dp) + 6)]
-        for name in ("sdpa-flash", "sdpa-cudnn"):
+        for name in ("sdpa-flash", "sdpa-cudnn", "triton"):
             cells = [results.get((name, label(p), d)) for p in dp]
             if any(cells):
                 lines.append(f"| {name} | | | | " + " | ".join(
@@ -425,6 +448,9 @@ def apply_picks(sweep_json: Path, root: Path = ROOT) -> list[str]:
     changes = []
     for d in sorted({int(k.split("/")[0]) for k in picks}):
         main_v, causal_v = choose(picks, d)
+        if any(by_index[i]["flags"] & WS for i in (main_v, causal_v) if i is not None):
+            raise SystemExit(f"D={d}: the pick is a kWs row (the sm90 warp-specialized kernel): adopt it by hand "
+                             "in ws_consumers / ws_block_n (csrc/attention/sm90/flash_fwd_sm90_ws_kernel.cuh)")
         plain_re = re.compile(r"template <>\s*struct TileConfig<%d> \{[^}]*\};\n" % d)
         causal_re = re.compile(r"template <>\s*struct TileConfig<%d, true> \{[^}]*\};\n" % d)
         cuh = causal_re.sub("", cuh)
@@ -468,6 +494,13 @@ def run_point(p: dict, lib: SweepLib, variants: list[dict], results: dict, gen, 
         providers["sdpa-cudnn"] = sdpa_provider("cudnn", q, k, v_, causal)
     flash_out = providers["sdpa-flash"]().clone()
     e_flash = max_err(sub(flash_out), ref_o)
+    if args.triton:  # tiled_attn's Triton forward (backend=None's default), checked like a variant
+        triton_fn = triton_provider(q, k, v_, causal)
+        chk = check_rule(sub(triton_fn()), ref_o, e_flash, torch.bfloat16)
+        if chk.ok:
+            providers["triton"] = triton_fn
+        else:
+            results[("triton", label(p), d)] = {"status": "FAILED", "message": chk.message}
     if "sdpa-cudnn" in providers:
         try:
             chk = check_rule(sub(providers["sdpa-cudnn"]()), ref_o, e_flash, torch.bfloat16)
@@ -521,7 +554,7 @@ def run_point(p: dict, lib: SweepLib, variants: list[dict], results: dict, gen, 
     for name, (ms, n_rounds, reps) in timed.items():
         r = results.setdefault((name, label(p), d), {"status": "ok"})
         r.update(ms=ms, tflops=flops(p) / ms / 1e9, ratio=f_ms / ms, rounds=n_rounds, reps=reps)
-    short = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN"}
+    short = {"sdpa-flash": "FA2", "sdpa-cudnn": "cuDNN", "triton": "triton"}
     line = " ".join(f"{short.get(n, f'v{n}')}:{flops(p) / t[0] / 1e9:.0f}" for n, t in timed.items())
     log(f"D={d:3d} {label(p):14s} {line}  ({time.perf_counter() - t_start:.0f} s)")
 
@@ -538,9 +571,13 @@ def main(argv=None) -> int:
                     help="where objects and the library go (default: $TILED_ATTN_BUILD_DIR or ~/.cache/tiled_attn)")
     ap.add_argument("--head-dims", type=int, nargs="*", default=list(HEAD_DIMS))
     ap.add_argument("--variants", type=int, nargs="*", default=None, help="variant indices (default: all)")
+    ap.add_argument("--ws", action="store_true",
+                    help="only the kWs rows (the sm90 warp-specialized kernel's tiles); add --cudnn to compare")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--round-ms", type=float, default=15.0)
     ap.add_argument("--cudnn", action="store_true", help="also time SDPA's cuDNN backend")
+    ap.add_argument("--triton", action="store_true", help="also time tiled_attn's Triton forward (backend='triton')")
+    ap.add_argument("--seqlens", type=int, nargs="*", default=list(SEQLENS), help="N of the points (B = 32768 / N)")
     ap.add_argument("--budget", type=float, default=160.0, help="seconds for the whole run; timing stops early")
     args = ap.parse_args(argv)
     if args.apply:
@@ -559,6 +596,10 @@ def main(argv=None) -> int:
 
     n_all = variant_count()
     selected = sorted(set(args.variants)) if args.variants is not None else list(range(n_all))
+    if args.ws:
+        selected = [i for i in selected if i in set(ws_rows())]
+    if torch.cuda.get_device_capability() != (9, 0):
+        selected = [i for i in selected if i not in set(ws_rows())]  # sm_90a instructions
     build_root = args.build_dir or Path(os.environ.get("TILED_ATTN_BUILD_DIR") or Path.home() / ".cache" / "tiled_attn")
     lib_path, ptxas = build(build_root, args.jobs, selected)
     lib = SweepLib(lib_path)
@@ -573,7 +614,7 @@ def main(argv=None) -> int:
         log(f"  {v['index']:2d} D={v['head_dim']:3d} {describe(v):48s} regs {info.get('registers')} spill "
             f"{info.get('spill_bytes')} smem {v['smem_bytes'] // 1024} KB CTAs/SM {ctas_per_sm(v, info.get('registers'))}")
 
-    pts = points(args.head_dims)
+    pts = points(args.head_dims, args.seqlens)
     results: dict = {}
     gen = torch.Generator(device="cuda")
     gen.manual_seed(20261122)

@@ -302,12 +302,15 @@ def test_suites_are_well_formed():
 def test_gpu_grid_matches_the_issue():
     from benchmarks import suite_attention, suite_decode, suite_softmax
     att = suite_attention.SUITE.cases()
-    assert len(att) == 24 and all(c["B"] * c["N"] == 32768 and c["H"] * c["D"] == 2048 for c in att)
+    # H = 2048 // D: H·D = 2048 exactly but at D = 96 (2016) and 192 (1920)
+    assert len(att) == 60 and all(c["B"] * c["N"] == 32768 and c["H"] == 2048 // c["D"] for c in att)
+    assert {c["D"] for c in att} == {64, 96, 128, 192, 256}
+    assert {c["N"] for c in att} == {512, 1024, 2048, 4096, 8192, 16384}
     assert all(c["dtype"] == "bf16" for c in att)
     sm = suite_softmax.SUITE.cases()
     assert len(sm) == 18 and {c["M"] * c["N"] for c in sm} <= {1 << 23, 1 << 25, 1 << 26}
     dec = suite_decode.SUITE.cases()
-    assert {(c["B"], c["Nk"]) for c in dec} == {(b, n) for b in (1, 16) for n in (4096, 32768, 131072)}
+    assert {(c["B"], c["Nk"]) for c in dec} == {(b, n) for b in (1, 4, 16, 64) for n in (2048, 8192, 32768, 131072)}
     c = dict(B=16, Hq=32, Hkv=8, Nk=131072, D=128, dtype="bf16")
     assert h.DECODE.work(c) == 2 * 16 * 8 * 131072 * 128 * 2
     c = dict(B=2, H=16, N=16384, D=128, causal=True, dtype="bf16")

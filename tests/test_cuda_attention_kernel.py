@@ -104,6 +104,13 @@ def test_sweep_table_and_script_agree():
     assert len(rows) == sweep.variant_count() > 0
     for d, *_ in rows:
         assert int(d) in cuda_attention.HEAD_DIMS
+    # The kWs rows (the sm90 warp-specialized kernel): the script's bit and row list are the header's.
+    assert int(re.search(r"constexpr unsigned kWs = 1u << (\d+);", text).group(1)) == sweep.WS.bit_length() - 1
+    ws = [i for i, r in enumerate(rows) if "kWs" in r[5]]
+    assert ws and ws == sweep.ws_rows()
+    for i in ws:
+        d, bm, bn = (int(x) for x in rows[i][:3])
+        assert d in cuda_attention.SM90_HEAD_DIMS and bm % 64 == 0 and bn % 16 == 0
 
 
 def test_sweep_apply_writes_mirrored_rows(tmp_path):

@@ -13,9 +13,11 @@ On a machine without a GPU:
    TMA boxes (128-byte swizzle, zero fill, completion deferred to a random later point) and
    setmaxnreg emulated from the PTX ISA; float64 reference on ragged sizes, causal, GQA/MQA, empty
    rows, no keys, negative scale; race, proxy and mbarrier-phase checks. ~20 s for the three head dims.
-4. kernel selection errors (ValueError naming the argument) without a GPU.
-On an H100 (skipped elsewhere): ta.attention(..., backend="cuda") with each wgmma kernel forced, the
-DESIGN §4 rule against float64 over the issue's shape grid (tests/test_attention.py's helpers).
+4. kernel selection errors (ValueError naming the argument) and backend=None's reading of
+   configs.ATTENTION_SELECT, without a GPU.
+On an sm_90 GPU (skipped elsewhere): ta.attention(..., backend="cuda") with each wgmma kernel forced, the
+DESIGN §4 rule against float64 over the issue's shape grid (tests/test_attention.py's helpers); and
+backend=None where the table selects wgmma_ws: that kernel runs, forward and gradients under the rule.
 """
 from __future__ import annotations
 
@@ -69,11 +71,73 @@ def test_wgmma_rows_mirror_the_traits():
     assert set(cuda_attention.SM90_HEAD_DIMS) <= set(cuda_attention.HEAD_DIMS)
 
 
-def test_default_kernel_is_still_mma():
-    """Until the H100 has measured the wgmma kernel, no forward row selects it."""
+def test_tile_rows_still_name_mma():
+    """The tile_config rows keep the mma kernel: the wgmma_ws kernel is chosen per size by
+    configs.ATTENTION_SELECT, not by a row that holds for every N."""
     for key, row in configs.CUDA_ATTENTION.items():
         if key[0] == "fwd":
             assert row.get("kernel", "mma") == "mma", key
+
+
+def test_attention_select_rows_are_well_formed():
+    for (arch, d, causal), rows in configs.ATTENTION_SELECT.items():
+        assert arch == "sm90" and isinstance(causal, bool), (arch, d, causal)
+        assert rows and [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True), \
+            f"{(arch, d, causal)}: rows are read in order, so n_min must fall"
+        for n_min, backend, kernel in rows:
+            assert isinstance(n_min, int) and n_min >= 1 and backend in ("triton", "cuda")
+            if backend == "cuda":
+                assert kernel in cuda_attention.KERNELS
+                assert kernel not in cuda_attention.SM90_KERNELS or d in cuda_attention.SM90_HEAD_DIMS
+
+
+class _FakeCuda:
+    """Just what backend=None's selection reads of a CUDA tensor (no GPU needed)."""
+
+    def __init__(self, shape, dtype=torch.bfloat16, strides=None):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, torch.device("cuda", 0)
+        self._strides = strides or torch.empty(shape, device="meta").stride()
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+
+def test_backend_none_reads_attention_select(monkeypatch):
+    import importlib
+    from tiled_attn import cuda
+    attention_mod = importlib.import_module("tiled_attn.attention")  # (the package exports the function)
+    monkeypatch.setattr(configs, "arch", lambda device: "sm90")
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setitem(configs.ATTENTION_SELECT, ("sm90", 128, False),
+                        ((4096, "triton", None), (1024, "cuda", "wgmma_ws")))
+    assert configs.attention_select("sm90", 128, False, 8192) == ("triton", None)
+    assert configs.attention_select("sm90", 128, False, 1024) == ("cuda", "wgmma_ws")
+    assert configs.attention_select("sm90", 128, False, 1023) is None
+    assert configs.attention_select("sm90", 128, True, 2048) is None
+
+    def pick(nq=2048, nk=2048, d=128, causal=False, dtype=torch.bfloat16, v_strides=None):
+        q, k = _FakeCuda((2, 4, nq, d), dtype), _FakeCuda((2, 4, nk, d), dtype)
+        v = _FakeCuda((2, 4, nk, d), dtype, v_strides)
+        return attention_mod._backend_for(q, k, causal, nk - nq, True, None, None, v)
+
+    assert pick() == "cuda"
+    assert pick(nq=1000) == "triton"            # min(Nq, Nk) below every row: the default
+    assert pick(nk=1000) == "triton"
+    assert pick(nq=8192, nk=8192) == "triton"   # a "triton" row
+    assert pick(causal=True) == "triton"        # no row for the key
+    assert pick(d=64) == "triton"
+    assert pick(dtype=torch.float32) == "triton"
+    assert pick(dtype=torch.float16) == "cuda"
+    assert pick(v_strides=(4 * 2048 * 128, 2048 * 128, 128, 2)) == "triton"  # v not read in place
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    assert pick() == "triton"                    # no extension here: never a failing call
+    # backend="cuda" (or a plan of backend=None's "cuda") gets the row's kernel at that size.
+    monkeypatch.setattr(cuda_attention, "_capability", lambda device: (9, 0))
+    q = _FakeCuda((1, 1, 2048, 128))
+    assert cuda_attention.select_kernel(None, q, False, 2048) == "wgmma_ws"
+    assert cuda_attention.select_kernel(None, q, False, 512) == "mma"
+    assert cuda_attention.select_kernel(None, q, False) == "mma"
+    assert cuda_attention.select_kernel("mma", q, False, 2048) == "mma"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,6 +266,42 @@ def test_wgmma_ws_long_keys_and_many_heads(d, seed):
             out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
         _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed,
                f"wgmma_ws long keys D={d} causal={causal}")
+
+
+def _kernel_names(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True))
+def test_backend_none_runs_wgmma_ws_where_selected(d, causal, seed, monkeypatch):
+    """Where configs.ATTENTION_SELECT names the CUDA wgmma_ws kernel (a row set here for every head
+    dim, whatever the table holds today), backend=None runs it (the profiler sees that kernel and no
+    Triton forward), its out and lse pass the rule, and the gradients through it (the Triton
+    backward from the CUDA forward's lse) pass the backward rule."""
+    from test_attention_backward import _check as check_grads
+    from test_attention_backward import _ours as grads_of
+    monkeypatch.setitem(configs.ATTENTION_SELECT, ("sm90", d, causal), ((512, "cuda", "wgmma_ws"),))
+    gen = torch.Generator().manual_seed(seed)
+    nq, nk = 517, 645
+    q, k, v = _qkv(1, 4, 2, nq, nk, d, torch.bfloat16, "cuda", gen)
+    names = _kernel_names(lambda: ta.attention(q, k, v, causal=causal))
+    assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
+    assert not any("attention_fwd" in n and "kernel" in n and "sm90" not in n for n in names), names
+    out, lse = ta.attention(q, k, v, causal=causal, return_lse=True)
+    _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed, f"backend=None wgmma_ws D={d}")
+    go = torch.randn(q.shape, generator=gen).to(torch.bfloat16).cuda()
+    grads = grads_of(q, k, v, go, causal=causal)
+    check_grads(grads, q, k, v, go, None, causal, None, nk - nq, seed, f"backend=None wgmma_ws grads D={d}")
+    # Below the row's n_min the default (Triton) runs.
+    names = _kernel_names(lambda: ta.attention(q[:, :, :500], k, v, causal=causal))
+    assert not any("flash_fwd_sm90" in n for n in names), names
 
 
 @pytest.mark.gpu

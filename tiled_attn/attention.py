@@ -185,7 +185,7 @@ def _native_kwargs(q, k, scale: float, causal: bool, causal_offset: int) -> dict
     return kw
 
 
-def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend, mods=None) -> str:
+def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend, mods=None, v=None) -> str:
     if backend is not None:
         return backend
     if mods is not None:  # torch's SDPA has no window/softcap/ALiBi of ours: the torch backend on the CPU
@@ -196,7 +196,25 @@ def _backend_for(q, k, causal: bool, causal_offset: int, need_lse: bool, backend
     same_mask = not causal or causal_offset == 0 or causal_offset == nk - nq >= 0
     if q.device.type == "cpu" and not need_lse and same_mask:
         return NATIVE
-    return _default_backend(q)
+    return _measured_choice(q, k, v, causal) or _default_backend(q)
+
+
+def _measured_choice(q, k, v, causal: bool) -> str | None:
+    """backend=None's backend from configs.ATTENTION_SELECT where a row applies (see there): a CUDA
+    device, fp16/bf16, concrete shapes (a symbolic one keeps the default rather than guard on the
+    table's bounds), and for a "cuda" row q, k, v its kernels read in place and an extension that
+    can be built here. None: the default."""
+    if (q.device.type != "cuda" or v is None or q.dtype not in (torch.float16, torch.bfloat16)
+            or not all(type(s) is int for s in (*q.shape, *k.shape))):
+        return None
+    row = configs.attention_select(configs.arch(q.device), q.shape[-1], causal, min(q.shape[2], k.shape[2]))
+    if row is None or row[0] != "cuda":
+        return row and row[0]
+    from . import cuda
+    from .cuda import attention as cuda_attention
+    if not cuda.is_available() or not all(cuda_attention.reads_in_place(t) for t in (q, k, v)):
+        return None
+    return "cuda"
 
 
 _PLANS = _plan.PlanCache("attention")
@@ -229,7 +247,7 @@ def _resolve(q, k, v, scale, causal, causal_offset: int, need_lse: bool, backend
         raise ValueError("backend='cuda' has no window, softcap, alibi_slopes, key mask, varlen or KV "
                          "cache: use backend=None or backend='triton' for these")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend, mods)
+    backend = _backend_for(q, k, causal, causal_offset, need_lse, backend, mods, v)
     if backend == "cuda":
         from . import cuda
         cuda.require_attention(q)

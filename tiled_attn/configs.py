@@ -122,6 +122,29 @@ DEFAULT_BACKEND = _Table({
     ("attention", "cuda"): "triton",
 })
 
+# backend=None's attention forward on a CUDA device where a measured kernel beats DEFAULT_BACKEND's.
+# Key: (arch, head dim, causal); fp16 and bf16 alike (the kernels' speed does not depend on which).
+# arch as configs.arch() gives it: the rows are compute-bound choices, measured on an H200 ("sm90": the
+# H100 has the same SMs and clocks; its lower memory bandwidth matters little at these sizes).
+# Value: rows (n_min, backend, kernel), read in order: the first with min(Nq, Nk) >= n_min applies;
+# none (or no key): DEFAULT_BACKEND's choice. A "cuda" row also gives backend="cuda" its kernel at
+# that size (tiled_attn/cuda/attention.py select_kernel; "mma" where no cuda row applies). Only for
+# plain calls (no window, softcap, ALiBi, key mask, varlen or cache) whose q, k, v the CUDA kernels
+# read in place, and only where the CUDA extension can be built (cuda.is_available(): a first call
+# then builds it). attention_select() reads it; tests/test_attention_select.py checks its shape.
+ATTENTION_SELECT = _Table({
+})
+
+
+def attention_select(arch_key: str, d: int, causal: bool, n: int) -> tuple[str, str] | None:
+    """(backend, kernel) of the first ATTENTION_SELECT row of (arch_key, d, causal) with
+    n >= n_min (n = min(Nq, Nk)), or None. Pure: no device is read."""
+    for n_min, backend, kernel in ATTENTION_SELECT.get((arch_key, int(d), bool(causal)), ()):
+        if n >= n_min:
+            return backend, kernel
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Triton softmax (tiled_attn/triton/softmax.py) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------

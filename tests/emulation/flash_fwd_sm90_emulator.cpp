@@ -436,7 +436,6 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, in
   mbar(bar, "cp.async.bulk.tensor");
   TmaCopy c;
   c.bar = bar;
-  const int coords[4] = {c0, c1, c2, c3};
   for (uint32_t r = 0; r < m.box_rows; ++r) {
     for (int e = 0; e < 64; ++e) {
       const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
@@ -459,7 +458,6 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, in
       for (int h = 0; h < 2; ++h) c.bytes.push_back({a + h, v[h]});
     }
   }
-  (void)coords;
   for (const auto& [addr, v] : c.bytes) {
     host(addr, 1, "cp.async.bulk.tensor");
     ByteState& s = g_bytes[addr];
@@ -654,6 +652,7 @@ int main(int argc, char** argv) {
     cases.push_back({1, 2, 1, 150, 70, d, true, 70 - 150, !bf});      // Nq > Nk: rows with no key
     cases.push_back({1, 1, 1, 64, 128, d, false, 0, bf, -0.3});       // negative scale
     cases.push_back({1, 2, 1, 5, 0, d, false, 0, !bf});               // no keys at all
+    cases.push_back({1, 1, 1, 400, 352, d, false, 0, bf});            // whole 176-key tiles, three 192-row tiles
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
   }
   // Optional third argument: "ws" or "cp.async" runs that kernel only (default: both).

@@ -63,7 +63,7 @@ from .._plan import current_stream as _stream
 from . import _build
 
 __all__ = ["HEAD_DIMS", "DTYPES", "require_attention", "attention_forward", "tile_config", "decode_config",
-           "split_plan", "KERNELS", "SM90_HEAD_DIMS", "forced_kernel", "select_kernel"]
+           "split_plan", "KERNELS", "SM90_HEAD_DIMS", "forced_kernel", "select_kernel", "reads_in_place"]
 
 # What the templates instantiate (csrc/attention/flash_fwd_hdim*.cu); attention_head_dim_supported
 # in the extension is the C++ side of the same list.
@@ -195,12 +195,17 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
 
 
-def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> str:
-    """The forward kernel for q: `kernel` if given, else the "kernel" field of q's tile_config row
-    ("mma" where the row has none). ValueError, naming the argument, for an unknown name, or for
-    "wgmma"/"wgmma_ws" on a device other than compute capability 9.0 or a head dim they do not
-    instantiate."""
+def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False, nk: int | None = None) -> str:
+    """The forward kernel for q (against nk keys): `kernel` if given, else the kernel of the
+    configs.ATTENTION_SELECT "cuda" row that applies at min(Nq, nk) on q's device, else the "kernel"
+    field of q's tile_config row ("mma" where the row has none). ValueError, naming the argument, for
+    an unknown name, or for "wgmma"/"wgmma_ws" on a device other than compute capability 9.0 or a
+    head dim they do not instantiate."""
     d = q.shape[-1]
+    if kernel is None and nk is not None and q.device.type == "cuda":
+        row = configs.attention_select(configs.arch(q.device), d, causal, min(q.shape[2], nk))
+        if row is not None and row[0] == "cuda":
+            kernel = row[1]
     if kernel is None:
         kernel = tile_config(d, q.device, causal=causal).get("kernel", "mma") if d in HEAD_DIMS else "mma"
     if kernel not in KERNELS:
@@ -214,6 +219,12 @@ def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False) -> 
         if d not in SM90_HEAD_DIMS:
             raise ValueError(f"kernel={kernel!r} supports head dims {SM90_HEAD_DIMS}, got D={d}; use kernel='mma'")
     return kernel
+
+
+def reads_in_place(t: torch.Tensor) -> bool:
+    """The kernels read t (B, H, N, D) without a copy (per call its base address must also be
+    16-byte aligned): what backend=None checks before it picks this backend."""
+    return _layout_ready(t, t.shape[:3])
 
 
 def _layout_ready(t: torch.Tensor, sizes) -> bool:
@@ -241,7 +252,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     """
     require_attention(q)
     forced = kernel if kernel is not None else _forced[0]
-    kernel = select_kernel(forced, q, bool(causal))
+    kernel = select_kernel(forced, q, bool(causal), k.shape[2])
     if kernel in SM90_KERNELS and forced is not None:
         if num_splits not in (None, 0):
             raise ValueError(f"num_splits must be None or 0 with kernel={kernel!r} (it has no split-KV path), "

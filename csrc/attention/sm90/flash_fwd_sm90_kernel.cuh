@@ -158,6 +158,49 @@ __device__ __forceinline__ void softmax_tile(float (&s)[Tr::kSRegs], float (&alp
   }
 }
 
+// What a CTA computes, the same in both kernels: the query tile (the heaviest first: blockIdx.x counts
+// the m blocks down), its (batch, head) and kv head (GQA by index), and the key tiles its rows see,
+// walked in descending order so the ones the causal diagonal or the ragged end cut come first.
+template <class Tr>
+struct CtaTile {
+  int bh, batch, head, head_kv, m0, rows_q;
+  int n_tiles;       // key tiles the tile's last row sees
+  int unmasked_end;  // keys below it are visible from every row of the tile (its first row's limit)
+
+  __device__ __forceinline__ explicit CtaTile(const Params& p) {
+    const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+    bh = p.bh_offset + static_cast<int>(blockIdx.y);
+    batch = bh / p.heads_q;
+    head = bh - batch * p.heads_q;
+    head_kv = head / p.group;
+    m0 = m_block * Tr::kBlockM;
+    rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
+    n_tiles = (row_limit(p, m0 + rows_q - 1) + Tr::kBlockN - 1) / Tr::kBlockN;
+    unmasked_end = row_limit(p, m0);
+  }
+  // Query row i (of the sequence) sees keys [0, row_limit).
+  static __device__ __forceinline__ int row_limit(const Params& p, int64_t i) {
+    return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
+  }
+  __device__ __forceinline__ int key0(int it) const { return (n_tiles - 1 - it) * Tr::kBlockN; }
+  // softmax_tile's limit_base for tile row `row`: its limit, clamped below at −kBlockM rather than 0
+  // so that limit_base + 8 (the thread's second row) stays that row's own (negative: no key) limit.
+  __device__ __forceinline__ int limit_base(const Params& p, int row) const {
+    return p.causal ? static_cast<int>(clamp64(int64_t{m0} + row + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
+                    : p.seqlen_k;
+  }
+  // softmax_tile of key tile `it`, masked only where a row's limit or the end of the keys cuts it.
+  __device__ __forceinline__ void softmax(const Params& p, int it, float (&s)[Tr::kSRegs], float (&alpha)[2],
+                                          AttnRowState (&rs)[2], int limit_base, int t) const {
+    const int n0 = key0(it);
+    if (n0 + Tr::kBlockN > unmasked_end) {
+      softmax_tile<true, Tr>(s, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    } else {
+      softmax_tile<false, Tr>(s, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
+    }
+  }
+};
+
 // Adding (bytes >> 4) to the start-address field moves a descriptor (no carry out of the field:
 // shared addresses are below 2^18).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
@@ -230,34 +273,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
   const int wg = tid / 128, warp = (tid % 128) / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, t = lane % 4;
 
-  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
-  const int bh = p.bh_offset + static_cast<int>(blockIdx.y);
-  const int batch = bh / p.heads_q, head = bh - batch * p.heads_q;
-  const int head_kv = head / p.group;
-  const int m0 = m_block * Tr::kBlockM;
-  const int rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
+  const CtaTile<Tr> cta(p);
+  const int batch = cta.batch, head = cta.head, m0 = cta.m0, rows_q = cta.rows_q, n_tiles = cta.n_tiles;
 
   const T* const gQ = static_cast<const T*>(p.q) + int64_t{batch} * p.q_batch + int64_t{head} * p.q_head + int64_t{m0} * p.q_seq;
-  const T* const gK = static_cast<const T*>(p.k) + int64_t{batch} * p.k_batch + int64_t{head_kv} * p.k_head;
-  const T* const gV = static_cast<const T*>(p.v) + int64_t{batch} * p.v_batch + int64_t{head_kv} * p.v_head;
+  const T* const gK = static_cast<const T*>(p.k) + int64_t{batch} * p.k_batch + int64_t{cta.head_kv} * p.k_head;
+  const T* const gV = static_cast<const T*>(p.v) + int64_t{batch} * p.v_batch + int64_t{cta.head_kv} * p.v_head;
 
-  auto row_limit = [&](int64_t i) -> int {
-    return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
-  };
-  const int kv_end = row_limit(m0 + rows_q - 1);
-  const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-  const int unmasked_end = row_limit(m0);
   // This thread's rows: m0 + row0 (hh = 0) and + 8 (hh = 1).
   const int row0 = wg * 64 + warp * 16 + g;
-  const int limit_base =
-      p.causal ? static_cast<int>(clamp64(int64_t{m0} + row0 + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
-               : p.seqlen_k;
+  const int limit_base = cta.limit_base(p, row0);
 
   // Copy map: this thread's row within a pass and 16-byte chunk within the row.
   const int cp_row = tid / Tr::kChunksPerRow, cp_chunk = tid % Tr::kChunksPerRow;
-  auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
   auto load_kv = [&](uint32_t slot, const T* gbase, int64_t stride, int it) {
-    const int n0 = tile_key0(it);
+    const int n0 = cta.key0(it);
     const uint32_t dst = slot + swizzled_offset<Tr::kBlockN>(cp_row, cp_chunk);
     const T* src = gbase + int64_t{n0 + cp_row} * stride + cp_chunk * 8;
     if (n0 + Tr::kBlockN <= p.seqlen_k) load_tile_full<Tr, Tr::kBlockN>(dst, src, stride);
@@ -307,13 +337,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
     wgmma_wait<0>();
     fence_operands(s);
 
-    const int n0 = tile_key0(it);
     float alpha[2];
-    if (n0 + Tr::kBlockN > unmasked_end) {
-      softmax_tile<true, Tr>(s, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
-    } else {
-      softmax_tile<false, Tr>(s, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
-    }
+    cta.softmax(p, it, s, alpha, rs, limit_base, t);
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
 
@@ -334,7 +359,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90_kernel(const P
   // been waited for, and the barrier orders them before the staging stores below.
   cp_async_wait<0>();
   __syncthreads();
-  stage_output<Tr, T>(acc, rs, sQ, row0, t, rows_q, p.lse + int64_t{bh} * p.seqlen_q + m0);
+  stage_output<Tr, T>(acc, rs, sQ, row0, t, rows_q, p.lse + int64_t{cta.bh} * p.seqlen_q + m0);
   __syncthreads();
   T* const gO = static_cast<T*>(p.out) + int64_t{batch} * p.o_batch + int64_t{head} * p.o_head +
                 int64_t{m0 + cp_row} * p.o_seq + cp_chunk * 8;

@@ -103,24 +103,33 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
 }
 #endif
 
-// The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
-// alignment of every base and stride, which is also TMA's rule). With no key at all it runs the
-// cp.async kernel (a map needs every dimension >= 1; that kernel only writes zeros and -inf then).
-template <int kHeadDim, typename T>
-cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
-  using Tr = WsTraits<kHeadDim>;
-  if (params.seqlen_k == 0) return run_flash_fwd_sm90<kHeadDim, T>(params, batch_heads, stream);
+// One tile shape of the warp-specialized kernel: its three tensor maps (boxes of the tile's rows), then
+// the launch.
+template <class Tr, typename T>
+cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stream) {
   const int64_t batch = batch_heads / params.heads_q, heads_kv = params.heads_q / params.group;
+  constexpr int kD = Tr::kHeadDim;
   TmaMaps maps;
-  if (!encode_operand(&maps.q, params.q, batch, params.heads_q, params.seqlen_q, kHeadDim, params.q_batch,
-                      params.q_head, params.q_seq, Tr::kBlockM) ||
-      !encode_operand(&maps.k, params.k, batch, heads_kv, params.seqlen_k, kHeadDim, params.k_batch, params.k_head,
+  if (!encode_operand(&maps.q, params.q, batch, params.heads_q, params.seqlen_q, kD, params.q_batch, params.q_head,
+                      params.q_seq, Tr::kBlockM) ||
+      !encode_operand(&maps.k, params.k, batch, heads_kv, params.seqlen_k, kD, params.k_batch, params.k_head,
                       params.k_seq, Tr::kBlockN) ||
-      !encode_operand(&maps.v, params.v, batch, heads_kv, params.seqlen_k, kHeadDim, params.v_batch, params.v_head,
+      !encode_operand(&maps.v, params.v, batch, heads_kv, params.seqlen_k, kD, params.v_batch, params.v_head,
                       params.v_seq, Tr::kBlockN)) {
     return cudaErrorInvalidValue;
   }
   return launch_ws_kernel<Tr, T>(params, maps, batch_heads, stream);
+}
+
+// The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
+// alignment of every base and stride, which is also TMA's rule), the key tile by head dim and mask
+// (ws_block_n). With no key at all it runs the cp.async kernel (a map needs every dimension >= 1;
+// that kernel only writes zeros and -inf then).
+template <int kHeadDim, typename T>
+cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
+  if (params.seqlen_k == 0) return run_flash_fwd_sm90<kHeadDim, T>(params, batch_heads, stream);
+  if (params.causal) return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>(true)>, T>(params, batch_heads, stream);
+  return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>(false)>, T>(params, batch_heads, stream);
 }
 
 }  // namespace flash_fwd_sm90

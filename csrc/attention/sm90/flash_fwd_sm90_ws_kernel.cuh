@@ -6,10 +6,11 @@
 //     and a "V full" mbarrier (the TMA's bytes complete them) and an "empty" one (the consumers
 //     arrive after their last read of the slot). The warpgroup gives its registers back
 //     (setmaxnreg.dec to 24) and its other three warps exit at once.
-//   warpgroups 1 and 2, the consumers: 64 query rows each (setmaxnreg.inc to 240: the S and O
-//     accumulators and P), wait for a slot's K, compute S = Q Kᵀ, the online softmax, wait for V,
-//     O += P V, and free the slot. No __syncthreads in the loop: the two consumers run independently
-//     and the producer runs kStages tiles ahead of the slower one.
+//   warpgroups 1..kConsumers (two, three at D = 64), the consumers: 64 query rows each
+//     (setmaxnreg.inc to 240, or 160 with three: the S and O accumulators and P), wait for a slot's
+//     K, compute S = Q Kᵀ, the online softmax, wait for V, O += P V, and free the slot. No
+//     __syncthreads in the loop: the consumers run independently and the producer runs kStages
+//     tiles ahead of the slowest one. The tile (rows x keys) per head dim and mask: WsTraits below.
 // Compared with the cp.async kernel this removes the consumers' copy instructions and address math,
 // the per-tile wait_group and the CTA-wide barrier per tile (which kept both warpgroups in lockstep).
 // Inside a consumer, one tile's softmax overlaps the previous tile's P V (below). Not yet: the
@@ -27,6 +28,8 @@
 // TMA completion emulated, completion deferred to a random later point of the schedule).
 #pragma once
 
+#include <algorithm>
+
 #include "flash_fwd_sm90_kernel.cuh"
 #include "tma.cuh"
 
@@ -39,16 +42,27 @@ struct TmaMaps {
   CUtensorMap q, k, v;
 };
 
-template <int kHeadDim_>
+// The tile per head dim and mask: consumer warpgroups (64 query rows each) and keys per tile. Chosen by
+// benchmarks/sweep_cuda_attention.py over the kWs rows of csrc/attention/sweep/flash_fwd_sweep.cuh
+// (FlashAttention-3's hopper/tile_size.h shapes where they compile here without spills, this kernel
+// keeping P in registers and staging O in the Q tile); the rows say what each was predicted to gain.
+template <int kHeadDim>
+constexpr int ws_consumers() {
+  return kHeadDim == 64 ? 3 : 2;
+}
+template <int kHeadDim>
+constexpr int ws_block_n(bool causal) {
+  return kHeadDim == 64 ? 112 : kHeadDim == 128 ? (causal ? 128 : 160) : 64;
+}
+
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>()>
 struct WsTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  // Ring depth: as many slots as fit beside Q under the 227 KB opt-in (D = 64: 4, 128: 3, 256: 2).
-  static constexpr int kStages = kHeadDim == 64 ? 4 : kHeadDim == 128 ? 3 : 2;
   static constexpr int kSRegs = kBlockN / 2;
   static constexpr int kORegs = kHeadDim / 2;
   static constexpr int kQKSteps = kHeadDim / 16;
@@ -56,16 +70,25 @@ struct WsTraits {
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte (64-element) column blocks, one TMA box each
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // Ring depth: as many K+V slots as fit beside Q under the 227 KB opt-in, at most 4 (D = 64: 4;
+  // D = 128: 3 at 128 keys, 2 at 144-176; D = 256: 2). The + 1024: the dynamic shared memory base is
+  // aligned up to the swizzle atom inside the kernel.
+  static constexpr int kSmemLimit = 232448;
+  static constexpr int kStages = std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * 13) / (2 * kKVBytes));
   static constexpr int kBarriers = 1 + 3 * kStages;  // Q full; K full, V full, empty per slot
-  // + 1024: the dynamic shared memory base is aligned up to the swizzle atom inside the kernel.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
-  // Register budgets after setmaxnreg: 24 x 128 + 240 x 256 = 64512 = 168 x 384, what
-  // __launch_bounds__(384, 1) gives the CTA at launch.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // Register budgets after setmaxnreg (FA3's): the CTA's 64 K registers, which __launch_bounds__(kThreads,
+  // 1) spreads evenly at launch (168 or 128 a thread), move to the consumers: 24 x 128 + 240 x 256 or
+  // 32 x 128 + 160 x 384. What a consumer holds: S kBlockN / 2, P kBlockN / 4 and O kHeadDim / 2
+  // registers, live together while one tile's softmax overlaps the last one's P V, and ~40 more.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
-  static_assert(kSmemBytes <= 232448, "the sm90 opt-in shared memory limit");
+  static_assert(kConsumers == 2 || kConsumers == 3, "the register budgets above");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N (Q Kᵀ) and whole k steps (P V); a TMA box of <= 256 rows");
+  static_assert(kStages >= 2, "one slot loading while one is computed");
+  static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
 };
 
@@ -85,21 +108,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
-  const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
-  const int bh = p.bh_offset + static_cast<int>(blockIdx.y);
-  const int batch = bh / p.heads_q, head = bh - batch * p.heads_q;
-  const int head_kv = head / p.group;
-  const int m0 = m_block * Tr::kBlockM;
-  const int rows_q = min(Tr::kBlockM, p.seqlen_q - m0);
-
-  auto row_limit = [&](int64_t i) -> int {
-    return p.causal ? static_cast<int>(clamp64(i + p.causal_offset + 1, 0, p.seqlen_k)) : p.seqlen_k;
-  };
-  const int kv_end = row_limit(m0 + rows_q - 1);
-  const int n_tiles = (kv_end + Tr::kBlockN - 1) / Tr::kBlockN;
-  const int unmasked_end = row_limit(m0);
-  // Key tiles in descending order: the ones the causal diagonal or the ragged end cut come first.
-  auto tile_key0 = [&](int it) { return (n_tiles - 1 - it) * Tr::kBlockN; };
+  const CtaTile<Tr> cta(p);
+  const int n_tiles = cta.n_tiles;
 
   if (tid == 0) {
     mbar_init(bar_q, 1);
@@ -122,20 +132,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_arrive_expect_tx(bar_q, Tr::kQBytes);
 #pragma unroll
       for (int b = 0; b < Tr::kColBlocks; ++b)
-        tma_load_4d(sQ + b * Tr::kBlockM * 128, &maps.q, bar_q, 64 * b, m0, head, batch);
+        tma_load_4d(sQ + b * Tr::kBlockM * 128, &maps.q, bar_q, 64 * b, cta.m0, cta.head, cta.batch);
       for (int it = 0; it < n_tiles; ++it) {
         const int s = it % Tr::kStages;
         // Round r of slot s waits for the consumers' r-th release (phase r − 1); round 0 passes.
         mbar_wait(empty(s), ((it / Tr::kStages) & 1) ^ 1);
-        const int n0 = tile_key0(it);
+        const int n0 = cta.key0(it);
         mbar_arrive_expect_tx(full_k(s), Tr::kKVBytes);
 #pragma unroll
         for (int b = 0; b < Tr::kColBlocks; ++b)
-          tma_load_4d(sK + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.k, full_k(s), 64 * b, n0, head_kv, batch);
+          tma_load_4d(sK + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.k, full_k(s), 64 * b, n0, cta.head_kv, cta.batch);
         mbar_arrive_expect_tx(full_v(s), Tr::kKVBytes);
 #pragma unroll
         for (int b = 0; b < Tr::kColBlocks; ++b)
-          tma_load_4d(sV + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.v, full_v(s), 64 * b, n0, head_kv, batch);
+          tma_load_4d(sV + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.v, full_v(s), 64 * b, n0, cta.head_kv, cta.batch);
       }
     }
     return;
@@ -147,9 +157,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = (tid % 128) / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-  const int limit_base =
-      p.causal ? static_cast<int>(clamp64(int64_t{m0} + row0 + p.causal_offset + 1, -Tr::kBlockM, p.seqlen_k))
-               : p.seqlen_k;
+  const int limit_base = cta.limit_base(p, row0);
 
   float acc[Tr::kORegs];
 #pragma unroll
@@ -179,14 +187,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     mbar_wait(full_v(s), (it / Tr::kStages) & 1);
     pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, s * Tr::kKVBytes));
   };
-  auto softmax = [&](int it) {
-    const int n0 = tile_key0(it);
-    if (n0 + Tr::kBlockN > unmasked_end) {
-      softmax_tile<true, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
-    } else {
-      softmax_tile<false, Tr>(sc, alpha, rs, limit_base, p.seqlen_k, n0 + 2 * t, p.scale_log2);
-    }
-  };
+  auto softmax = [&](int it) { cta.softmax(p, it, sc, alpha, rs, limit_base, t); };
   auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
@@ -230,17 +231,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // Epilogue: the warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and
   // every wgmma reading it completed before this warpgroup's last P V was issued), then 16-byte stores.
-  stage_output<Tr, T>(acc, rs, sQ, row0, t, rows_q, p.lse + int64_t{bh} * p.seqlen_q + m0);
+  stage_output<Tr, T>(acc, rs, sQ, row0, t, cta.rows_q, p.lse + int64_t{cta.bh} * p.seqlen_q + cta.m0);
   __syncwarp();
   constexpr int kChunks = Tr::kHeadDim / 8;        // 16-byte chunks a row
   constexpr int kRowsPerStep = kWarpSize / kChunks;  // rows one 32-lane store covers (4, 2, 1)
   const int chunk = lane % kChunks;
-  T* const gO = static_cast<T*>(p.out) + int64_t{batch} * p.o_batch + int64_t{head} * p.o_head + chunk * 8;
+  T* const gO = static_cast<T*>(p.out) + int64_t{cta.batch} * p.o_batch + int64_t{cta.head} * p.o_head + chunk * 8;
 #pragma unroll
   for (int i = 0; i < 16 / kRowsPerStep; ++i) {
     const int r = cw * 64 + warp * 16 + lane / kChunks + i * kRowsPerStep;
-    if (r < rows_q) {
-      *reinterpret_cast<uint4*>(gO + int64_t{m0 + r} * p.o_seq) = ld_shared_b128(sQ + swizzled_offset<Tr::kBlockM>(r, chunk));
+    if (r < cta.rows_q) {
+      *reinterpret_cast<uint4*>(gO + int64_t{cta.m0 + r} * p.o_seq) = ld_shared_b128(sQ + swizzled_offset<Tr::kBlockM>(r, chunk));
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../flash_fwd_launch.cuh"
+#include "../sm90/flash_fwd_sm90_launch.cuh"
 #include "flash_fwd_sweep.cuh"
 
 namespace tiled_attn {
@@ -21,11 +22,17 @@ static_assert(kFirst >= 0 && kFirst < kNumSweep, "TILED_ATTN_SWEEP_ONLY names no
 constexpr int kFirst = 0, kEnd = kNumSweep;
 #endif
 
-// The variant exactly as listed: kFold variants are timed at scale > 0 only (the entry refuses
+// The variant exactly as listed (a kWs row: the sm90 warp-specialized kernel): kFold variants are
+// timed at scale > 0 only (the entry refuses
 // others), so their scale <= 0 sibling (run_flash_fwd_cfg) is not built here.
 template <int I>
 cudaError_t sweep_launch(const Params& p, int batch_heads, cudaStream_t stream) {
-  return launch_kernel<SweepTraits<I>, __nv_bfloat16>(p, batch_heads, stream);
+  if constexpr (kSweepWs<I>) {
+    if (p.seqlen_k == 0) return cudaErrorInvalidValue;  // the sweep's points all have keys
+    return flash_fwd_sm90::run_ws_tile<SweepTraits<I>, __nv_bfloat16>(p, batch_heads, stream);
+  } else {
+    return launch_kernel<SweepTraits<I>, __nv_bfloat16>(p, batch_heads, stream);
+  }
 }
 
 template <size_t... I>

@@ -9,7 +9,10 @@
 // launches) in flash_fwd.cuh and the same fields into configs.CUDA_ATTENTION.
 #pragma once
 
+#include <type_traits>
+
 #include "../flash_fwd.cuh"
+#include "../sm90/flash_fwd_sm90_ws_kernel.cuh"
 
 namespace tiled_attn {
 namespace flash_fwd {
@@ -24,6 +27,11 @@ struct SweepVariant {
 namespace sweep_flags {
 using namespace flag;
 constexpr unsigned kFL = kFold | kLean;  // the two instruction-count cuts, on together in most rows
+// The row is the sm90 warp-specialized kernel (sm90/flash_fwd_sm90_ws_kernel.cuh), not this file's:
+// block_m = 64 x its consumer warpgroups, block_n its key tile; warps (the producer warpgroup
+// included) and stages are what WsTraits derives, listed for the report. Built on sm_90 only. Adopt
+// a pick in ws_consumers / ws_block_n (that header), by hand.
+constexpr unsigned kWs = 1u << 16;
 }  // namespace sweep_flags
 
 // One row per line, each starting with `{<head dim>,` (benchmarks/sweep_cuda_attention.py counts
@@ -57,6 +65,16 @@ constexpr SweepVariant kSweep[] = {
     {256, 64, 32, 4, 2, F kFL | F kJoint, 1, "kJoint at 64x32 without Q in registers (isolates the Q-register gain)"},
     {256, 128, 64, 8, 1, F kFL, 1, "FA2's A100 row: 1 CTA/SM of 8 warps, half the cp.async smem writes per flop: +/-5%"},
     {256, 128, 32, 8, 2, F kFL | F kSkew, 1, "ping-pong at D = 256: 1 CTA/SM, 8 warps of 16 rows"},
+    // ---- sm90 warp-specialized kernel (kWs; H200 2026-11-26 before the sweep, vs cuDNN: D = 64 0.63-0.96x,
+    //      D = 128 0.72-1.12x, D = 256 0.69-0.89x). Only tiles whose consumers compile without spills
+    //      (nvcc 13.0: D = 128 x 176 and D = 256 x 80, FA3's, spill 48 and 8 bytes at 240 registers).
+    {64, 128, 128, 12, 4, F kWs, 1, "reference: the D = 64 tile before the sweep (two consumers)"},
+    {64, 192, 112, 16, 4, F kWs, 1, "+5-10%: three consumers (FA3's 192-row tile) keep two wgmma streams busy while the third runs its softmax; 112 keys is the longest tile at 160 registers without spills"},
+    {64, 192, 96, 16, 4, F kWs, 1, "192 x 96: more tiles (and barrier waits) per row than x 112, 8 registers spare: -2-0%"},
+    {128, 128, 128, 12, 3, F kWs, 1, "reference: the D = 128 tile before the sweep"},
+    {128, 128, 144, 12, 2, F kWs, 1, "+2-4% non-causal: 12% fewer key tiles (softmax rounds, waits), two slots instead of three"},
+    {128, 128, 160, 12, 2, F kWs, 1, "+3-6% non-causal (FA3 picks 176): 20% fewer key tiles; the causal diagonal wastes more: -2-0% causal"},
+    {256, 128, 64, 12, 2, F kWs, 1, "reference: the D = 256 tile (the only one without spills here)"},
 #undef F
 };
 // clang-format on
@@ -66,7 +84,12 @@ template <int I>
 using SweepCfg =
     Cfg<kSweep[I].block_m, kSweep[I].block_n, kSweep[I].warps, kSweep[I].stages, kSweep[I].flags, kSweep[I].min_blocks>;
 template <int I>
-using SweepTraits = Traits<kSweep[I].head_dim, SweepCfg<I>>;
+constexpr bool kSweepWs = (kSweep[I].flags & sweep_flags::kWs) != 0;
+// (std::conditional_t only names the other branch's type: nothing of it is instantiated.)
+template <int I>
+using SweepTraits = std::conditional_t<kSweepWs<I>,
+                                       flash_fwd_sm90::WsTraits<kSweep[I].head_dim, kSweep[I].block_n, kSweep[I].block_m / 64>,
+                                       Traits<kSweep[I].head_dim, SweepCfg<I>>>;
 
 // The registry of the sweep build: sweep/flash_fwd_sweep.cu registers each variant it instantiates
 // (all of them, or the one the build names), sweep/flash_fwd_sweep_entry.cu looks them up.
