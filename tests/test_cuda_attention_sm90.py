@@ -108,8 +108,8 @@ def test_backend_none_reads_attention_select(monkeypatch):
     attention_mod = importlib.import_module("tiled_attn.attention")  # (the package exports the function)
     monkeypatch.setattr(configs, "arch", lambda device: "sm90")
     monkeypatch.setattr(cuda, "is_available", lambda: True)
-    monkeypatch.setitem(configs.ATTENTION_SELECT, ("sm90", 128, False),
-                        ((4096, "triton", None), (1024, "cuda", "wgmma_ws")))
+    monkeypatch.setattr(configs, "ATTENTION_SELECT",
+                        configs._Table({("sm90", 128, False): ((4096, "triton", None), (1024, "cuda", "wgmma_ws"))}))
     assert configs.attention_select("sm90", 128, False, 8192) == ("triton", None)
     assert configs.attention_select("sm90", 128, False, 1024) == ("cuda", "wgmma_ws")
     assert configs.attention_select("sm90", 128, False, 1023) is None

@@ -122,14 +122,13 @@ cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stre
 }
 
 // The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
-// alignment of every base and stride, which is also TMA's rule), the key tile by head dim and mask
-// (ws_block_n). With no key at all it runs the cp.async kernel (a map needs every dimension >= 1;
+// alignment of every base and stride, which is also TMA's rule), the tile by head dim (ws_consumers,
+// ws_block_n). With no key at all it runs the cp.async kernel (a map needs every dimension >= 1;
 // that kernel only writes zeros and -inf then).
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
   if (params.seqlen_k == 0) return run_flash_fwd_sm90<kHeadDim, T>(params, batch_heads, stream);
-  if (params.causal) return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>(true)>, T>(params, batch_heads, stream);
-  return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>(false)>, T>(params, batch_heads, stream);
+  return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>()>, T>(params, batch_heads, stream);
 }
 
 }  // namespace flash_fwd_sm90

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "../flash_fwd.cuh"
-#include "../sm90/flash_fwd_sm90_ws_kernel.cuh"
+#include "../sm90/flash_fwd_sm90_ws_traits.cuh"
 
 namespace tiled_attn {
 namespace flash_fwd {

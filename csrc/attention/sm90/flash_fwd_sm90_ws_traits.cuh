@@ -1,0 +1,67 @@
+// flash_fwd_sm90_ws_traits.cuh: the tile shapes of the warp-specialized wgmma attention forward
+// (flash_fwd_sm90_ws_kernel.cuh), apart from its PTX so that the sweep's variant table
+// (../sweep/flash_fwd_sweep.cuh) can name them in builds without sm_90a code (the CPU emulators).
+#pragma once
+
+#include <algorithm>
+
+namespace tiled_attn {
+namespace flash_fwd_sm90 {
+
+// The tile per head dim (causal or not): consumer warpgroups (64 query rows each) and keys per tile, chosen
+// by benchmarks/sweep_cuda_attention.py --ws over the kWs rows of csrc/attention/sweep/flash_fwd_sweep.cuh
+// (H200, 2026-11-26: benchmarks/results/sweeps/2026-11-26-h200-s16-sm90-ws-tiles.md). Measured:
+//   D = 64: three consumers, 192 x 112: +2-9% over two (128 x 128) at N >= 2048, -5-13% at N <= 1024
+//     (where backend=None runs the Triton forward anyway: configs.ATTENTION_SELECT).
+//   D = 128: 128 x 128 with three ring slots. 144 and 160 keys (FA3 picks 176) fit only two slots
+//     and lose 30-37%: one slot is held by the P V in flight (the slot is freed after P V, so with
+//     two slots the producer cannot run a tile ahead). Longer tiles need K freed apart from V.
+//   D = 256: 128 x 64, two slots (the same limit; 80 keys spill here).
+template <int kHeadDim>
+constexpr int ws_consumers() {
+  return kHeadDim == 64 ? 3 : 2;
+}
+template <int kHeadDim>
+constexpr int ws_block_n() {
+  return kHeadDim == 64 ? 112 : kHeadDim == 128 ? 128 : 64;
+}
+
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>()>
+struct WsTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kConsumerThreads = kConsumers * 128;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kSRegs = kBlockN / 2;
+  static constexpr int kORegs = kHeadDim / 2;
+  static constexpr int kQKSteps = kHeadDim / 16;
+  static constexpr int kPVSteps = kBlockN / 16;
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte (64-element) column blocks, one TMA box each
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // Ring depth: as many K+V slots as fit beside Q under the 227 KB opt-in, at most 4 (D = 64: 4;
+  // D = 128: 3 at 128 keys, 2 at 144-176; D = 256: 2). Two slots stall the consumers (see above). The + 1024: the dynamic shared memory base is
+  // aligned up to the swizzle atom inside the kernel.
+  static constexpr int kSmemLimit = 232448;
+  static constexpr int kStages = std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * 13) / (2 * kKVBytes));
+  static constexpr int kBarriers = 1 + 3 * kStages;  // Q full; K full, V full, empty per slot
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
+  // Register budgets after setmaxnreg (FA3's): the CTA's 64 K registers, which __launch_bounds__(kThreads,
+  // 1) spreads evenly at launch (168 or 128 a thread), move to the consumers: 24 x 128 + 240 x 256 or
+  // 32 x 128 + 160 x 384. What a consumer holds: S kBlockN / 2, P kBlockN / 4 and O kHeadDim / 2
+  // registers, live together while one tile's softmax overlaps the last one's P V, and ~40 more.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static_assert(kConsumers == 2 || kConsumers == 3, "the register budgets above");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N (Q Kᵀ) and whole k steps (P V); a TMA box of <= 256 rows");
+  static_assert(kStages >= 2, "one slot loading while one is computed");
+  static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
+};
+
+}  // namespace flash_fwd_sm90
+}  // namespace tiled_attn
