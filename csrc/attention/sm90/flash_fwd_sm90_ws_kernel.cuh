@@ -5,12 +5,12 @@
 //     host-made CUtensorMaps) of Q once and of K and V into a kStages ring; each slot has a "K full"
 //     and a "V full" mbarrier (the TMA's bytes complete them) and an "empty" one (the consumers
 //     arrive after their last read of the slot). The warpgroup gives its registers back
-//     (setmaxnreg.dec to 24) and its other three warps exit at once.
+//     (setmaxnreg.dec to 24, 32 beside three consumers) and its other three warps exit at once.
 //   warpgroups 1..kConsumers (two, three at D = 64), the consumers: 64 query rows each
 //     (setmaxnreg.inc to 240, or 160 with three: the S and O accumulators and P), wait for a slot's
 //     K, compute S = Q Kᵀ, the online softmax, wait for V, O += P V, and free the slot. No
 //     __syncthreads in the loop: the consumers run independently and the producer runs kStages
-//     tiles ahead of the slowest one. The tile (rows x keys) per head dim and mask: WsTraits below.
+//     tiles ahead of the slowest one. The tile (rows x keys) per head dim: flash_fwd_sm90_ws_traits.cuh.
 // Compared with the cp.async kernel this removes the consumers' copy instructions and address math,
 // the per-tile wait_group and the CTA-wide barrier per tile (which kept both warpgroups in lockstep).
 // Inside a consumer, one tile's softmax overlaps the previous tile's P V (below). Not yet: the

@@ -91,8 +91,8 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][4]) {
 // MN-major. One specialization per (N, T) from TILED_ATTN_WGMMA below: inline PTX names every
 // accumulator register, so the N/2 operands are spelled out in blocks of eight (TILED_ATTN_WGMMA_D8_<b>:
 // the "+f" operands 8b..8b+7, _L8_<b>: their %-numbers), TILED_ATTN_WGMMA_D<REGS> / _R<REGS> join the
-// first REGS / 8 blocks, and the operand numbers after them are given as strings. The N of the tiles
-// (flash_fwd_sm90_ws_kernel.cuh WsTile: key tiles of 80, 128, 176; head dims 64, 128, 256).
+// first REGS / 8 blocks, and the operand numbers after them are given as strings. N: the key tiles
+// (64-176: flash_fwd_sm90_ws_traits.cuh and the sweep's kWs rows) and the head dims (64, 128, 256).
 template <int N, typename T>
 struct Wgmma;
 
