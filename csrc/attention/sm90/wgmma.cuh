@@ -90,28 +90,44 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][4]) {
 // and ::rs (A from registers); scale_d = 0 ignores the accumulator's input (D = A·B), tnsp_b: B is
 // MN-major. One specialization per (N, T) from TILED_ATTN_WGMMA below: inline PTX names every
 // accumulator register, so the N/2 operands are spelled out in blocks of eight (TILED_ATTN_WGMMA_D8_<b>:
-// the "+f" operands 8b..8b+7, _L8_<b>: their %-numbers), TILED_ATTN_WGMMA_D<REGS> / _R<REGS> join the
+// the "+f" operands 8b..8b+7, _L8_<b>: their %-numbers), TILED_ATTN_WGMMA_D<REGS> / _L<REGS> chain the
 // first REGS / 8 blocks, and the operand numbers after them are given as strings. N: the key tiles
-// (64-176: flash_fwd_sm90_ws_traits.cuh and the sweep's kWs rows) and the head dims (64, 128, 256).
+// (flash_fwd_sm90_ws_traits.cuh and the sweep's kWs rows) and the head dims (64, 128, 256).
 template <int N, typename T>
 struct Wgmma;
 
-#define TILED_ATTN_WGMMA_D8_0 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define TILED_ATTN_WGMMA_D8_1 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define TILED_ATTN_WGMMA_D8_2 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-#define TILED_ATTN_WGMMA_D8_3 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define TILED_ATTN_WGMMA_D8_4 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-#define TILED_ATTN_WGMMA_D8_5 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-#define TILED_ATTN_WGMMA_D8_6 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-#define TILED_ATTN_WGMMA_D8_7 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define TILED_ATTN_WGMMA_D8_8 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
-#define TILED_ATTN_WGMMA_D8_9 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
-#define TILED_ATTN_WGMMA_D8_10 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-#define TILED_ATTN_WGMMA_D8_11 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-#define TILED_ATTN_WGMMA_D8_12 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
-#define TILED_ATTN_WGMMA_D8_13 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
-#define TILED_ATTN_WGMMA_D8_14 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
-#define TILED_ATTN_WGMMA_D8_15 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define TILED_ATTN_WGMMA_D8_0 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), \
+    "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define TILED_ATTN_WGMMA_D8_1 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define TILED_ATTN_WGMMA_D8_2 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+    "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+#define TILED_ATTN_WGMMA_D8_3 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define TILED_ATTN_WGMMA_D8_4 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#define TILED_ATTN_WGMMA_D8_5 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define TILED_ATTN_WGMMA_D8_6 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), \
+    "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+#define TILED_ATTN_WGMMA_D8_7 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define TILED_ATTN_WGMMA_D8_8 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), \
+    "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+#define TILED_ATTN_WGMMA_D8_9 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+    "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#define TILED_ATTN_WGMMA_D8_10 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+#define TILED_ATTN_WGMMA_D8_11 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
+    "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define TILED_ATTN_WGMMA_D8_12 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), \
+    "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
+#define TILED_ATTN_WGMMA_D8_13 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
+    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+#define TILED_ATTN_WGMMA_D8_14 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), \
+    "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
+#define TILED_ATTN_WGMMA_D8_15 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), \
+    "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define TILED_ATTN_WGMMA_L8_0 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define TILED_ATTN_WGMMA_L8_1 "%8, %9, %10, %11, %12, %13, %14, %15"
 #define TILED_ATTN_WGMMA_L8_2 "%16, %17, %18, %19, %20, %21, %22, %23"
@@ -128,77 +144,38 @@ struct Wgmma;
 #define TILED_ATTN_WGMMA_L8_13 "%104, %105, %106, %107, %108, %109, %110, %111"
 #define TILED_ATTN_WGMMA_L8_14 "%112, %113, %114, %115, %116, %117, %118, %119"
 #define TILED_ATTN_WGMMA_L8_15 "%120, %121, %122, %123, %124, %125, %126, %127"
-#define TILED_ATTN_WGMMA_D32 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3
-#define TILED_ATTN_WGMMA_R32 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 "}"
-#define TILED_ATTN_WGMMA_D40 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4
-#define TILED_ATTN_WGMMA_R40 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 "}"
-#define TILED_ATTN_WGMMA_D64 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7
-#define TILED_ATTN_WGMMA_R64 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 "}"
-#define TILED_ATTN_WGMMA_D88 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7, \
-    TILED_ATTN_WGMMA_D8_8, TILED_ATTN_WGMMA_D8_9, TILED_ATTN_WGMMA_D8_10
-#define TILED_ATTN_WGMMA_R88 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 ", " \
-    TILED_ATTN_WGMMA_L8_8 ", " TILED_ATTN_WGMMA_L8_9 ", " TILED_ATTN_WGMMA_L8_10 "}"
-#define TILED_ATTN_WGMMA_D128 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7, \
-    TILED_ATTN_WGMMA_D8_8, TILED_ATTN_WGMMA_D8_9, TILED_ATTN_WGMMA_D8_10, TILED_ATTN_WGMMA_D8_11, \
-    TILED_ATTN_WGMMA_D8_12, TILED_ATTN_WGMMA_D8_13, TILED_ATTN_WGMMA_D8_14, TILED_ATTN_WGMMA_D8_15
-#define TILED_ATTN_WGMMA_R128 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 ", " \
-    TILED_ATTN_WGMMA_L8_8 ", " TILED_ATTN_WGMMA_L8_9 ", " TILED_ATTN_WGMMA_L8_10 ", " TILED_ATTN_WGMMA_L8_11 ", " \
-    TILED_ATTN_WGMMA_L8_12 ", " TILED_ATTN_WGMMA_L8_13 ", " TILED_ATTN_WGMMA_L8_14 ", " TILED_ATTN_WGMMA_L8_15 "}"
-
-#define TILED_ATTN_WGMMA_D48 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5
-#define TILED_ATTN_WGMMA_R48 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 "}"
-#define TILED_ATTN_WGMMA_D56 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6
-#define TILED_ATTN_WGMMA_R56 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 "}"
-#define TILED_ATTN_WGMMA_D72 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7, \
-    TILED_ATTN_WGMMA_D8_8
-#define TILED_ATTN_WGMMA_R72 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 ", " \
-    TILED_ATTN_WGMMA_L8_8 "}"
-#define TILED_ATTN_WGMMA_D80 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7, \
-    TILED_ATTN_WGMMA_D8_8, TILED_ATTN_WGMMA_D8_9
-#define TILED_ATTN_WGMMA_R80 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 ", " \
-    TILED_ATTN_WGMMA_L8_8 ", " TILED_ATTN_WGMMA_L8_9 "}"
-#define TILED_ATTN_WGMMA_D96 \
-    TILED_ATTN_WGMMA_D8_0, TILED_ATTN_WGMMA_D8_1, TILED_ATTN_WGMMA_D8_2, TILED_ATTN_WGMMA_D8_3, \
-    TILED_ATTN_WGMMA_D8_4, TILED_ATTN_WGMMA_D8_5, TILED_ATTN_WGMMA_D8_6, TILED_ATTN_WGMMA_D8_7, \
-    TILED_ATTN_WGMMA_D8_8, TILED_ATTN_WGMMA_D8_9, TILED_ATTN_WGMMA_D8_10, TILED_ATTN_WGMMA_D8_11
-#define TILED_ATTN_WGMMA_R96 \
-    "{" TILED_ATTN_WGMMA_L8_0 ", " TILED_ATTN_WGMMA_L8_1 ", " TILED_ATTN_WGMMA_L8_2 ", " TILED_ATTN_WGMMA_L8_3 ", " \
-    TILED_ATTN_WGMMA_L8_4 ", " TILED_ATTN_WGMMA_L8_5 ", " TILED_ATTN_WGMMA_L8_6 ", " TILED_ATTN_WGMMA_L8_7 ", " \
-    TILED_ATTN_WGMMA_L8_8 ", " TILED_ATTN_WGMMA_L8_9 ", " TILED_ATTN_WGMMA_L8_10 ", " TILED_ATTN_WGMMA_L8_11 "}"
+#define TILED_ATTN_WGMMA_D8 TILED_ATTN_WGMMA_D8_0
+#define TILED_ATTN_WGMMA_L8 TILED_ATTN_WGMMA_L8_0
+#define TILED_ATTN_WGMMA_D16 TILED_ATTN_WGMMA_D8, TILED_ATTN_WGMMA_D8_1
+#define TILED_ATTN_WGMMA_L16 TILED_ATTN_WGMMA_L8 ", " TILED_ATTN_WGMMA_L8_1
+#define TILED_ATTN_WGMMA_D24 TILED_ATTN_WGMMA_D16, TILED_ATTN_WGMMA_D8_2
+#define TILED_ATTN_WGMMA_L24 TILED_ATTN_WGMMA_L16 ", " TILED_ATTN_WGMMA_L8_2
+#define TILED_ATTN_WGMMA_D32 TILED_ATTN_WGMMA_D24, TILED_ATTN_WGMMA_D8_3
+#define TILED_ATTN_WGMMA_L32 TILED_ATTN_WGMMA_L24 ", " TILED_ATTN_WGMMA_L8_3
+#define TILED_ATTN_WGMMA_D40 TILED_ATTN_WGMMA_D32, TILED_ATTN_WGMMA_D8_4
+#define TILED_ATTN_WGMMA_L40 TILED_ATTN_WGMMA_L32 ", " TILED_ATTN_WGMMA_L8_4
+#define TILED_ATTN_WGMMA_D48 TILED_ATTN_WGMMA_D40, TILED_ATTN_WGMMA_D8_5
+#define TILED_ATTN_WGMMA_L48 TILED_ATTN_WGMMA_L40 ", " TILED_ATTN_WGMMA_L8_5
+#define TILED_ATTN_WGMMA_D56 TILED_ATTN_WGMMA_D48, TILED_ATTN_WGMMA_D8_6
+#define TILED_ATTN_WGMMA_L56 TILED_ATTN_WGMMA_L48 ", " TILED_ATTN_WGMMA_L8_6
+#define TILED_ATTN_WGMMA_D64 TILED_ATTN_WGMMA_D56, TILED_ATTN_WGMMA_D8_7
+#define TILED_ATTN_WGMMA_L64 TILED_ATTN_WGMMA_L56 ", " TILED_ATTN_WGMMA_L8_7
+#define TILED_ATTN_WGMMA_D72 TILED_ATTN_WGMMA_D64, TILED_ATTN_WGMMA_D8_8
+#define TILED_ATTN_WGMMA_L72 TILED_ATTN_WGMMA_L64 ", " TILED_ATTN_WGMMA_L8_8
+#define TILED_ATTN_WGMMA_D80 TILED_ATTN_WGMMA_D72, TILED_ATTN_WGMMA_D8_9
+#define TILED_ATTN_WGMMA_L80 TILED_ATTN_WGMMA_L72 ", " TILED_ATTN_WGMMA_L8_9
+#define TILED_ATTN_WGMMA_D88 TILED_ATTN_WGMMA_D80, TILED_ATTN_WGMMA_D8_10
+#define TILED_ATTN_WGMMA_L88 TILED_ATTN_WGMMA_L80 ", " TILED_ATTN_WGMMA_L8_10
+#define TILED_ATTN_WGMMA_D96 TILED_ATTN_WGMMA_D88, TILED_ATTN_WGMMA_D8_11
+#define TILED_ATTN_WGMMA_L96 TILED_ATTN_WGMMA_L88 ", " TILED_ATTN_WGMMA_L8_11
+#define TILED_ATTN_WGMMA_D104 TILED_ATTN_WGMMA_D96, TILED_ATTN_WGMMA_D8_12
+#define TILED_ATTN_WGMMA_L104 TILED_ATTN_WGMMA_L96 ", " TILED_ATTN_WGMMA_L8_12
+#define TILED_ATTN_WGMMA_D112 TILED_ATTN_WGMMA_D104, TILED_ATTN_WGMMA_D8_13
+#define TILED_ATTN_WGMMA_L112 TILED_ATTN_WGMMA_L104 ", " TILED_ATTN_WGMMA_L8_13
+#define TILED_ATTN_WGMMA_D120 TILED_ATTN_WGMMA_D112, TILED_ATTN_WGMMA_D8_14
+#define TILED_ATTN_WGMMA_L120 TILED_ATTN_WGMMA_L112 ", " TILED_ATTN_WGMMA_L8_14
+#define TILED_ATTN_WGMMA_D128 TILED_ATTN_WGMMA_D120, TILED_ATTN_WGMMA_D8_15
+#define TILED_ATTN_WGMMA_L128 TILED_ATTN_WGMMA_L120 ", " TILED_ATTN_WGMMA_L8_15
 
 // REGS accumulators per thread (N / 2); SS_*: the %-numbers of ss's operands after the accumulators
 // (desc_a, desc_b, scale_d, tnsp_b), RS_*: rs's (a[0..3] as one brace list, desc_b, scale_d, tnsp_b).
@@ -209,7 +186,7 @@ struct Wgmma;
     template <int kTnspB>                                                                               \
     static __device__ __forceinline__ void ss(float (&d)[REGS], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SS_S ", 0;\n"                                   \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TS "." TS " " TILED_ATTN_WGMMA_R##REGS  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TS "." TS " " "{" TILED_ATTN_WGMMA_L##REGS "}"  \
                    ", %" SS_A ", %" SS_B ", p, 1, 1, 0, %" SS_T ";\n}\n"                                     \
                    : TILED_ATTN_WGMMA_D##REGS                                                          \
                    : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));                             \
@@ -218,36 +195,27 @@ struct Wgmma;
     static __device__ __forceinline__ void rs(float (&d)[REGS], const uint32_t (&a)[4], uint64_t desc_b,   \
                                               int scale_d) {                                            \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" RS_S ", 0;\n"                                   \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TS "." TS " " TILED_ATTN_WGMMA_R##REGS  \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TS "." TS " " "{" TILED_ATTN_WGMMA_L##REGS "}"  \
                    ", " RS_A ", %" RS_B ", p, 1, 1, %" RS_T ";\n}\n"                                         \
                    : TILED_ATTN_WGMMA_D##REGS                                                          \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTnspB));  \
     }                                                                                                   \
   };
+// Both element types of one N.
+#define TILED_ATTN_WGMMA_N(N, REGS, ...)                       \
+  TILED_ATTN_WGMMA(N, REGS, __half, "f16", __VA_ARGS__)         \
+  TILED_ATTN_WGMMA(N, REGS, __nv_bfloat16, "bf16", __VA_ARGS__)
 
-TILED_ATTN_WGMMA(64, 32, __half, "f16", "32", "33", "34", "35", "{%32, %33, %34, %35}", "36", "37", "38")
-TILED_ATTN_WGMMA(64, 32, __nv_bfloat16, "bf16", "32", "33", "34", "35", "{%32, %33, %34, %35}", "36", "37", "38")
-TILED_ATTN_WGMMA(80, 40, __half, "f16", "40", "41", "42", "43", "{%40, %41, %42, %43}", "44", "45", "46")
-TILED_ATTN_WGMMA(80, 40, __nv_bfloat16, "bf16", "40", "41", "42", "43", "{%40, %41, %42, %43}", "44", "45", "46")
-TILED_ATTN_WGMMA(128, 64, __half, "f16", "64", "65", "66", "67", "{%64, %65, %66, %67}", "68", "69", "70")
-TILED_ATTN_WGMMA(128, 64, __nv_bfloat16, "bf16", "64", "65", "66", "67", "{%64, %65, %66, %67}", "68", "69", "70")
-TILED_ATTN_WGMMA(176, 88, __half, "f16", "88", "89", "90", "91", "{%88, %89, %90, %91}", "92", "93", "94")
-TILED_ATTN_WGMMA(176, 88, __nv_bfloat16, "bf16", "88", "89", "90", "91", "{%88, %89, %90, %91}", "92", "93", "94")
-TILED_ATTN_WGMMA(256, 128, __half, "f16", "128", "129", "130", "131", "{%128, %129, %130, %131}", "132", "133", "134")
-TILED_ATTN_WGMMA(256, 128, __nv_bfloat16, "bf16", "128", "129", "130", "131", "{%128, %129, %130, %131}", "132", "133", "134")
-
-TILED_ATTN_WGMMA(96, 48, __half, "f16", "48", "49", "50", "51", "{%48, %49, %50, %51}", "52", "53", "54")
-TILED_ATTN_WGMMA(96, 48, __nv_bfloat16, "bf16", "48", "49", "50", "51", "{%48, %49, %50, %51}", "52", "53", "54")
-TILED_ATTN_WGMMA(112, 56, __half, "f16", "56", "57", "58", "59", "{%56, %57, %58, %59}", "60", "61", "62")
-TILED_ATTN_WGMMA(112, 56, __nv_bfloat16, "bf16", "56", "57", "58", "59", "{%56, %57, %58, %59}", "60", "61", "62")
-TILED_ATTN_WGMMA(144, 72, __half, "f16", "72", "73", "74", "75", "{%72, %73, %74, %75}", "76", "77", "78")
-TILED_ATTN_WGMMA(144, 72, __nv_bfloat16, "bf16", "72", "73", "74", "75", "{%72, %73, %74, %75}", "76", "77", "78")
-TILED_ATTN_WGMMA(160, 80, __half, "f16", "80", "81", "82", "83", "{%80, %81, %82, %83}", "84", "85", "86")
-TILED_ATTN_WGMMA(160, 80, __nv_bfloat16, "bf16", "80", "81", "82", "83", "{%80, %81, %82, %83}", "84", "85", "86")
-TILED_ATTN_WGMMA(192, 96, __half, "f16", "96", "97", "98", "99", "{%96, %97, %98, %99}", "100", "101", "102")
-TILED_ATTN_WGMMA(192, 96, __nv_bfloat16, "bf16", "96", "97", "98", "99", "{%96, %97, %98, %99}", "100", "101", "102")
+TILED_ATTN_WGMMA_N(64, 32, "32", "33", "34", "35", "{%32, %33, %34, %35}", "36", "37", "38")
+TILED_ATTN_WGMMA_N(96, 48, "48", "49", "50", "51", "{%48, %49, %50, %51}", "52", "53", "54")
+TILED_ATTN_WGMMA_N(112, 56, "56", "57", "58", "59", "{%56, %57, %58, %59}", "60", "61", "62")
+TILED_ATTN_WGMMA_N(128, 64, "64", "65", "66", "67", "{%64, %65, %66, %67}", "68", "69", "70")
+TILED_ATTN_WGMMA_N(144, 72, "72", "73", "74", "75", "{%72, %73, %74, %75}", "76", "77", "78")
+TILED_ATTN_WGMMA_N(160, 80, "80", "81", "82", "83", "{%80, %81, %82, %83}", "84", "85", "86")
+TILED_ATTN_WGMMA_N(256, 128, "128", "129", "130", "131", "{%128, %129, %130, %131}", "132", "133", "134")
 
 #undef TILED_ATTN_WGMMA
+#undef TILED_ATTN_WGMMA_N
 #undef TILED_ATTN_WGMMA_D8_0
 #undef TILED_ATTN_WGMMA_L8_0
 #undef TILED_ATTN_WGMMA_D8_1
@@ -280,26 +248,38 @@ TILED_ATTN_WGMMA(192, 96, __nv_bfloat16, "bf16", "96", "97", "98", "99", "{%96, 
 #undef TILED_ATTN_WGMMA_L8_14
 #undef TILED_ATTN_WGMMA_D8_15
 #undef TILED_ATTN_WGMMA_L8_15
+#undef TILED_ATTN_WGMMA_D8
+#undef TILED_ATTN_WGMMA_L8
+#undef TILED_ATTN_WGMMA_D16
+#undef TILED_ATTN_WGMMA_L16
+#undef TILED_ATTN_WGMMA_D24
+#undef TILED_ATTN_WGMMA_L24
 #undef TILED_ATTN_WGMMA_D32
-#undef TILED_ATTN_WGMMA_R32
+#undef TILED_ATTN_WGMMA_L32
 #undef TILED_ATTN_WGMMA_D40
-#undef TILED_ATTN_WGMMA_R40
-#undef TILED_ATTN_WGMMA_D64
-#undef TILED_ATTN_WGMMA_R64
-#undef TILED_ATTN_WGMMA_D88
-#undef TILED_ATTN_WGMMA_R88
+#undef TILED_ATTN_WGMMA_L40
 #undef TILED_ATTN_WGMMA_D48
-#undef TILED_ATTN_WGMMA_R48
+#undef TILED_ATTN_WGMMA_L48
 #undef TILED_ATTN_WGMMA_D56
-#undef TILED_ATTN_WGMMA_R56
+#undef TILED_ATTN_WGMMA_L56
+#undef TILED_ATTN_WGMMA_D64
+#undef TILED_ATTN_WGMMA_L64
 #undef TILED_ATTN_WGMMA_D72
-#undef TILED_ATTN_WGMMA_R72
+#undef TILED_ATTN_WGMMA_L72
 #undef TILED_ATTN_WGMMA_D80
-#undef TILED_ATTN_WGMMA_R80
+#undef TILED_ATTN_WGMMA_L80
+#undef TILED_ATTN_WGMMA_D88
+#undef TILED_ATTN_WGMMA_L88
 #undef TILED_ATTN_WGMMA_D96
-#undef TILED_ATTN_WGMMA_R96
+#undef TILED_ATTN_WGMMA_L96
+#undef TILED_ATTN_WGMMA_D104
+#undef TILED_ATTN_WGMMA_L104
+#undef TILED_ATTN_WGMMA_D112
+#undef TILED_ATTN_WGMMA_L112
+#undef TILED_ATTN_WGMMA_D120
+#undef TILED_ATTN_WGMMA_L120
 #undef TILED_ATTN_WGMMA_D128
-#undef TILED_ATTN_WGMMA_R128
+#undef TILED_ATTN_WGMMA_L128
 
 #endif  // TILED_ATTN_EMULATION
 
