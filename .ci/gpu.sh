@@ -80,7 +80,7 @@ for s in "$@"; do
     # The Triton kernels launched from cached plans (triton/launch.py) under memcheck: the
     # compiled-kernel path after JIT dispatch, a misaligned specialization, a captured graph.
     memcheck_plan) stage memcheck_plan "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-            python -m pytest -q -p no:cacheprovider tests/test_plan.py -k "launch or fast_path or graph_capture" ;;
+            python -m pytest -q -p no:cacheprovider tests/test_plan.py -k "launch or fast or graph_capture" ;;
     tune_bwd) stage tune_bwd "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention_backward.py --out "$OUT/tuned_attention_backward.txt" ${TUNE_ARGS:-} ;;
     tune) stage tune "${TUNE_TIMEOUT:-300}" python benchmarks/tune_triton_attention.py --out "$OUT/tuned_attention.py" ${TUNE_ARGS:-} ;;
     sweep_cuda_attn) stage sweep_cuda_attn "${SWEEP_TIMEOUT:-240}" python benchmarks/sweep_cuda_attention.py \

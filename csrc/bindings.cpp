@@ -12,6 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -419,6 +422,173 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
 #endif  // TILED_ATTN_WITH_SM90
 #endif
 
+// ---- The C++ launch of a planned Triton kernel (tiled_attn/triton/launch.py, fast_spec; DESIGN §3 "Cost of
+// a call") ----
+// An eager ta.softmax of a tiny tensor costs the host its Python: in the H200 profile (host/2026-11-26-h200-
+// profile-2.txt) Triton's C launcher took 3.95 µs (a 20-argument PyArg_ParseTuple, the GIL released and
+// retaken), torch.empty_like 1.66 µs and our frames ~2.6 µs, against 5.9 µs for all of torch.softmax. Here one
+// call allocates the output (at::empty_*, no Python argument parsing) and launches the kernel Triton compiled
+// (its CUfunction, the parameters its launcher would pass) through cuLaunchKernel: the Python side keeps only
+// the plan lookup. A plan is registered once, after its first launch through Triton; fast_run declines (returns
+// None, nothing launched) whatever it cannot do exactly as that launch would, and the caller takes the Python path.
+struct FastPlan {
+  void* function = nullptr;  // CUfunction, loaded by Triton in `device`'s primary context
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 32;
+  unsigned shared = 0;
+  int device = 0;
+  std::vector<unsigned char> params;  // the kernel's parameters, packed as Triton's launcher packs them
+  std::vector<size_t> offsets;        // where each parameter starts in `params`
+  int x_slot = -1, out_slot = -1;     // the parameters that take x's and the output's address
+  std::vector<int64_t> out_sizes, out_strides;
+  bool out_like_x = false;  // at::empty_like(x) gives exactly out_sizes / out_strides (cheaper)
+};
+
+constexpr size_t kFastMaxParams = 32;
+constexpr size_t kFastMaxBytes = 256;
+
+using LaunchKernelFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**);
+
+// cuLaunchKernel through the runtime's entry-point query, as flash_fwd_sm90_launch.cuh finds
+// cuTensorMapEncodeTiled: the extension links the CUDA runtime only, never libcuda.
+LaunchKernelFn launch_kernel_fn() {
+  static const LaunchKernelFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<LaunchKernelFn>(p);
+  }();
+  return fn;
+}
+
+void free_fast_plan(PyObject* capsule) {
+  delete static_cast<FastPlan*>(PyCapsule_GetPointer(capsule, "tiled_attn.FastPlan"));
+}
+
+// A capsule owning the plan (freed with the Python plan that holds it), or the error. `sizes`: each
+// parameter's bytes (8 for a pointer; Triton packs an i32 in 4, i64 in 8, i1/i8 in 1, i16 in 2);
+// `values`: the parameters' values (the x and out slots are filled per call).
+std::tuple<py::object, std::string> fast_register(int64_t function, std::vector<int64_t> grid, int64_t threads,
+                                                  int64_t shared, int64_t device, std::vector<int64_t> sizes,
+                                                  std::vector<int64_t> values, int64_t x_slot, int64_t out_slot,
+                                                  std::vector<int64_t> out_sizes, std::vector<int64_t> out_strides,
+                                                  bool out_like_x) {
+  Checker chk;
+  const int64_t n = static_cast<int64_t>(sizes.size());
+  if (!(chk.value(function != 0, "function must be a CUfunction handle, got 0") &&
+        chk.value(grid.size() == 3 && grid[0] >= 1 && grid[1] >= 1 && grid[2] >= 1 && grid[0] <= 2147483647 &&
+                      grid[1] < 65536 && grid[2] < 65536,
+                  "grid must be 3 positive sizes within the launch limits") &&
+        chk.value(threads >= 32 && threads <= 1024 && threads % 32 == 0, "threads must be a multiple of 32 in "
+                  "[32, 1024], got ", threads) &&
+        chk.value(shared >= 0, "shared must be >= 0, got ", shared) &&
+        chk.value(values.size() == sizes.size(), "values and sizes must have one entry a parameter") &&
+        chk.value(n <= static_cast<int64_t>(kFastMaxParams), "at most ", kFastMaxParams, " parameters, got ", n) &&
+        chk.value(x_slot >= 0 && x_slot < n && out_slot >= 0 && out_slot < n && x_slot != out_slot,
+                  "x_slot and out_slot must be two parameters") &&
+        chk.value(out_sizes.size() == out_strides.size(), "out_sizes and out_strides must have one entry a dim") &&
+        chk.runtime(launch_kernel_fn() != nullptr, "cuLaunchKernel was not found through the CUDA runtime"))) {
+    return {py::none(), chk.error()};
+  }
+  auto plan = std::make_unique<FastPlan>();
+  size_t offset = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t bytes = sizes[i];
+    if (!chk.value(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8, "parameter ", i,
+                   " must be 1, 2, 4 or 8 bytes, got ", bytes)) {
+      return {py::none(), chk.error()};
+    }
+    offset = (offset + bytes - 1) / bytes * bytes;  // each at its natural alignment
+    plan->offsets.push_back(offset);
+    offset += bytes;
+  }
+  if (!chk.value(offset <= kFastMaxBytes, "the parameters take ", offset, " bytes, more than ", kFastMaxBytes) ||
+      !chk.value(sizes[x_slot] == 8 && sizes[out_slot] == 8, "the x and out parameters must be 8-byte pointers")) {
+    return {py::none(), chk.error()};
+  }
+  plan->params.assign(offset, 0);
+  for (int64_t i = 0; i < n; ++i) {  // little-endian: the low `bytes` of the value are the parameter
+    std::memcpy(plan->params.data() + plan->offsets[i], &values[i], static_cast<size_t>(sizes[i]));
+  }
+  plan->function = reinterpret_cast<void*>(static_cast<intptr_t>(function));
+  for (int i = 0; i < 3; ++i) plan->grid[i] = static_cast<unsigned>(grid[i]);
+  plan->threads = static_cast<unsigned>(threads);
+  plan->shared = static_cast<unsigned>(shared);
+  plan->device = static_cast<int>(device);
+  plan->x_slot = static_cast<int>(x_slot);
+  plan->out_slot = static_cast<int>(out_slot);
+  plan->out_sizes = std::move(out_sizes);
+  plan->out_strides = std::move(out_strides);
+  plan->out_like_x = out_like_x;
+  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.FastPlan", free_fast_plan);
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return {py::none(), "RuntimeError: a capsule for the plan could not be made"};
+  }
+  plan.release();
+  return {py::reinterpret_steal<py::object>(capsule), ""};
+}
+
+// fast_run(plan, x, stream, poison) -> the output, or None where the Python path must run the call instead:
+// x is not a plain CUDA tensor on the plan's device, that device is not current (Triton's function belongs to
+// its context), x's address is off the 16-byte grid (another specialization of the kernel), or the allocation
+// failed (the Python path raises it). A failed launch raises RuntimeError. A METH_FASTCALL function, not a
+// pybind11 one: its argument casting costs about a microsecond a call.
+PyObject* fast_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "fast_run(plan, x, stream, poison) takes 4 arguments");
+    return nullptr;
+  }
+  auto* plan = static_cast<FastPlan*>(PyCapsule_GetPointer(args[0], "tiled_attn.FastPlan"));
+  if (plan == nullptr) return nullptr;
+  if (!THPVariable_CheckExact(args[1])) Py_RETURN_NONE;
+  const at::Tensor& x = THPVariable_Unpack(args[1]);
+  const unsigned long long stream = PyLong_AsUnsignedLongLong(args[2]);
+  if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  const int poison = PyObject_IsTrue(args[3]);
+  if (poison < 0) return nullptr;
+  int current = -1;
+  if (!x.is_cuda() || x.get_device() != plan->device || cudaGetDevice(&current) != cudaSuccess ||
+      current != plan->device) {
+    Py_RETURN_NONE;
+  }
+  const auto x_address = reinterpret_cast<uintptr_t>(x.data_ptr());
+  if (x_address % 16 != 0) Py_RETURN_NONE;
+  at::Tensor out;
+  try {
+    out = plan->out_like_x ? at::empty_like(x) : at::empty_strided(plan->out_sizes, plan->out_strides, x.options());
+    if (poison) out.fill_(std::numeric_limits<double>::quiet_NaN());
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+  alignas(16) unsigned char params[kFastMaxBytes];
+  void* slots[kFastMaxParams];
+  std::memcpy(params, plan->params.data(), plan->params.size());
+  const uint64_t x_ptr = x_address, out_ptr = reinterpret_cast<uintptr_t>(out.data_ptr());
+  std::memcpy(params + plan->offsets[plan->x_slot], &x_ptr, 8);
+  std::memcpy(params + plan->offsets[plan->out_slot], &out_ptr, 8);
+  for (size_t i = 0; i < plan->offsets.size(); ++i) slots[i] = params + plan->offsets[i];
+  const int err = launch_kernel_fn()(plan->function, plan->grid[0], plan->grid[1], plan->grid[2], plan->threads, 1,
+                                     1, plan->shared, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)), slots,
+                                     nullptr);
+  if (err == 201) Py_RETURN_NONE;  // CUDA_ERROR_INVALID_CONTEXT: no context current on this thread yet
+  if (err != 0) {
+    const std::string msg = "cuLaunchKernel of a planned Triton kernel failed with CUresult " + std::to_string(err);
+    PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+    return nullptr;
+  }
+  return THPVariable_Wrap(std::move(out));
+}
+
+PyMethodDef kFastRunDef = {"fast_run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_run)),
+                           METH_FASTCALL,
+                           "fast_run(plan, x, stream, poison): allocate the output and launch a registered plan; "
+                           "None where the caller must take the Python path"};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -434,6 +604,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("y"), py::arg("dy"), py::arg("dx"), py::arg("threads"), py::arg("chunk"), py::arg("stream"));
   m.def("_raise_for_test", &raise_for_test, "throw a C++ exception of `kind` ('std' or 'c10'): a test hook",
         py::arg("kind"));
+  m.def("fast_register", &fast_register,
+        "(a capsule owning a planned Triton launch for fast_run, error ('': none))", py::arg("function"),
+        py::arg("grid"), py::arg("threads"), py::arg("shared"), py::arg("device"), py::arg("sizes"), py::arg("values"),
+        py::arg("x_slot"), py::arg("out_slot"), py::arg("out_sizes"), py::arg("out_strides"), py::arg("out_like_x"));
+  m.add_object("fast_run", py::reinterpret_steal<py::object>(PyCFunction_New(&kFastRunDef, nullptr)));
   m.def("softmax_kernels", [] {
     std::vector<std::string> names;
     for (const auto& k : kForwardKernels) names.emplace_back(k.name);

@@ -424,3 +424,124 @@ def test_launch_refuses_a_cpu_device_without_the_interpreter():
 
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         Launch(Compiled(), (1,), {}, torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the C++ launch of a planned Triton kernel (csrc/bindings.cpp fast_register / fast_run)
+# ------------------------------------------------------------------------------------------------
+def _row_launch():
+    from tiled_attn.triton.launch import Launch
+    from tiled_attn.triton.softmax_row import softmax_row_kernel
+    device = torch.device("cuda" if HAS_CUDA else "cpu")
+    return Launch(softmax_row_kernel, (5,), dict(BLOCK_M=2, BLOCK_N=128, COL_CONTIG=True, MASK_N=False),
+                  device)
+
+
+def test_fast_spec_packs_parameters_as_triton_does():
+    """The parameters fast_register gets are Triton's launcher's: the specialized-away integers
+    (== 1: "constexpr") dropped, i32 in 4 bytes, i64 in 8, pointers in 8 with their address left to
+    the call, Triton's two scratch pointers last; nothing before the aligned build exists."""
+    launch = _row_launch()
+    bound = launch.bind(7, 1, 2 ** 40, 3, 128)  # M, N, stride_xm, stride_xn, stride_ym
+    assert bound.fast_spec() is None  # not compiled yet
+    types = ("*bf16", "*bf16", "i32", "constexpr", "i64", "i32", "i32")
+    launch.ready = (None, 0xABC0, (4, 1, 2048), False, False, types)
+    spec = bound.fast_spec()
+    assert spec == dict(function=0xABC0, grid=[5, 1, 1], threads=128, shared=2048, device=launch.device.index,
+                        sizes=[8, 8, 4, 8, 4, 4, 8, 8], values=[0, 0, 7, 2 ** 40, 3, 128, 0, 0], slots=[0, 1])
+    # what the C++ launch does not take: a float argument, a cluster, cooperative or PDL launch
+    for ready in ((None, 1, (4, 1, 0), False, False, types[:-1] + ("fp32",)),
+                  (None, 1, (4, 2, 0), False, False, types),
+                  (None, 1, (4, 1, 0), True, False, types),
+                  (None, 1, (4, 1, 0), False, True, types),
+                  (None, 1, (4, 1, 0), False, False, None)):
+        launch.ready = ready
+        assert bound.fast_spec() is None, ready
+
+
+FAST_CASES = {  # (shape, dtype, view, dim, backend, kernel, log)
+    "row-fp32": ((4, 128), torch.float32, None, -1, None, None, False),
+    "row-bf16": ((4, 128), torch.bfloat16, None, -1, None, None, False),
+    "row-fp16-odd": ((37, 1003), torch.float16, None, -1, "triton", "row", False),
+    "row-log": ((9, 300), torch.float32, None, -1, None, None, True),
+    "online": ((5, 20000), torch.bfloat16, None, -1, "triton", "online", False),
+    "transposed": ((300, 6), torch.float32, "t", 0, "triton", "row", False),  # out laid out unlike x
+    "3d-last": ((2, 3, 257), torch.bfloat16, None, 2, None, None, False),
+}
+
+
+@gpu
+@pytest.mark.parametrize("case", list(FAST_CASES))
+def test_softmax_fast_launch(case, monkeypatch, seed):
+    """After a plan's first call (through Triton) the next calls allocate and launch from C++ and
+    compute the same function; a 16-byte-misaligned x of the same signature is declined (the Python
+    path runs its own specialization), and so is a call that records a gradient."""
+    shape, dtype, view, dim, backend, kernel, log = FAST_CASES[case]
+    fn, ref_fn = (ta.log_softmax, torch.log_softmax) if log else (ta.softmax, torch.softmax)
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(offset=0):
+        numel = 1
+        for s in shape:
+            numel *= s
+        base = randn((numel + 8,), dtype, "cuda", gen)[offset:offset + numel].view(shape)
+        return base.t() if view == "t" else base
+
+    def check(y, x, what):
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert_rule(y, ref_fn(x.double(), dim), ref_fn(x, dim), dtype=dtype, seed=seed, what=what)
+
+    first = make()
+    y0 = fn(first, dim, backend=backend, kernel=kernel)
+    check(y0, first, "first call")
+    plans = list((SOFTMAX._LOG_PLANS if log else SOFTMAX._PLANS).values())
+    assert len(plans) == 1 and plans[0].fast is not None, SOFTMAX.fast_launch_off_because
+    returned = []
+    real = SOFTMAX._fast_run
+
+    def counting(*args):
+        out = real(*args)
+        returned.append(out is not None)
+        return out
+    monkeypatch.setattr(SOFTMAX, "_fast_run", counting)
+    x = make()
+    y = fn(x, dim, backend=backend, kernel=kernel)
+    assert returned == [True]
+    assert y.stride() == y0.stride()
+    check(y, x, "C++ launch")
+    misaligned = make(offset=1)
+    check(fn(misaligned, dim, backend=backend, kernel=kernel), misaligned, "misaligned x")
+    assert returned == [True, False]
+    g = make().requires_grad_()
+    fn(g, dim, backend=backend, kernel=kernel).sum().backward()
+    assert returned == [True, False]  # autograd's call takes the Python path
+    assert torch.isfinite(g.grad).all()
+
+
+@gpu
+def test_softmax_fast_launch_not_for_copied_rows():
+    """Rows that are not a view of x (dim 1 of a contiguous 3-D tensor) are copied into order first:
+    that plan keeps the Python path."""
+    x = torch.randn(3, 7, 33, device="cuda")
+    for _ in range(2):
+        torch.testing.assert_close(ta.softmax(x, 1), torch.softmax(x, 1))
+    (plan,) = SOFTMAX._PLANS.values()
+    assert plan.copy and plan.fast is None
+
+
+@gpu
+def test_fast_register_refuses_bad_arguments():
+    if not backend_available("cuda"):
+        pytest.skip(skip_reason("cuda"))
+    from tiled_attn import cuda
+    from tiled_attn.cuda import _build
+    ext = cuda.load()
+    good = dict(function=1, grid=[1, 1, 1], threads=32, shared=0, device=0, sizes=[8, 8], values=[0, 0],
+                x_slot=0, out_slot=1, out_sizes=[4], out_strides=[1], out_like_x=True)
+    for change, message in ((dict(function=0), "function must be"), (dict(threads=48), "threads must be"),
+                            (dict(sizes=[8, 3], values=[0, 0]), "must be 1, 2, 4 or 8 bytes"),
+                            (dict(out_slot=0), "x_slot and out_slot"), (dict(sizes=[8, 4]), "8-byte pointers")):
+        with pytest.raises(ValueError, match=message):
+            _build.call(ext.fast_register, *{**good, **change}.values())
+    with pytest.raises(TypeError, match="4 arguments"):
+        ext.fast_run(None)

@@ -10,7 +10,9 @@ shape and `dim` only, which is what the fake (meta) implementation needs for tor
 
 One call, eager on a plain tensor (tiled_attn/_plan.py says when a call is that):
     softmax(x, dim)  →  _PLANS[signature]  (a miss: _resolve validates in full, then a plan is made)
-                     →  SoftmaxPlan.forward(x): allocate the output, run the backend's launches.
+                     →  fast_run(plan.fast, x, ...): C++ allocates the output and launches the plan's
+                        Triton kernel (csrc/bindings.cpp; once the plan's first launch has compiled it)
+                     or SoftmaxPlan.forward(x): allocate the output, run the backend's launches.
 With autograd recording, the same plan runs inside `_Softmax`, a torch.autograd.Function whose
 backward runs a backward plan (dx = y·(dy − Σ dy·y)). Traced calls (torch.compile, make_fx, ...)
 validate and go through the ops `tiled_attn::softmax` / `tiled_attn::softmax_backward`, registered
@@ -27,6 +29,8 @@ tiled online algorithm of reference.py) and, for backend=None on the CPU, torch'
 same function, and the fastest there (DESIGN §3: None picks the fastest measured for the device).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -125,11 +129,42 @@ def _log_kw(log: bool) -> dict:
     return {"log": True} if log else {}
 
 
+# The C++ launch path (csrc/bindings.cpp fast_run): an eager call whose plan is one Triton launch of
+# x into a new output allocates and launches from C++, and Python keeps only the plan lookup.
+# Measured on the H100 (2026-11-27, overhead suite): the Python path cost ta.softmax 11.8-20.4 µs a
+# call against torch.softmax's 8.4-13.4; its parts (H200 profile, host/2026-11-26-h200-profile-2.txt)
+# were Triton's C launcher 3.95 µs, torch.empty_like 1.66 and our frames ~2.6. It needs the CUDA
+# extension (built on first use where a CUDA toolkit is installed: tiled_attn/cuda/_build.py); where
+# that cannot be had, or with TILED_ATTN_FAST_LAUNCH=0, every call takes the Python path.
+_FAST_LAUNCH = os.environ.get("TILED_ATTN_FAST_LAUNCH", "1") != "0"
+_fast_run = None  # the extension's fast_run, once a plan registered with it
+_raw_stream = _plan.current_stream
+# Why the C++ path was turned off in this process (a failed build or registration), for tests and users.
+fast_launch_off_because: str | None = None
+
+
+def _fast_extension(device: torch.device):
+    """The CUDA extension that registers and runs C++ launches, or None (the Python path runs)."""
+    global fast_launch_off_because
+    if not _FAST_LAUNCH or fast_launch_off_because is not None:
+        return None
+    from . import cuda
+    if not cuda.is_available():
+        fast_launch_off_because = "the CUDA extension cannot be built here: " + "; ".join(cuda._build.missing())
+        return None
+    try:
+        return cuda.load(device)
+    except RuntimeError as e:  # a failed build: the Python path still runs every call
+        fast_launch_off_because = str(e)
+        return None
+
+
 class SoftmaxPlan:
-    """A validated signature's forward: the output's layout and the backend's launches."""
+    """A validated signature's forward: the output's layout and the backend's launches, and once the
+    first launch has compiled them, the same launch registered for C++ (`fast`)."""
 
     __slots__ = ("dim", "backend", "kernel", "log", "size", "stride", "dtype", "device", "run", "copy",
-                 "like")
+                 "like", "index", "fast", "fast_tries")
 
     def __init__(self, x: torch.Tensor, dim: int, backend: str, kernel: str | None, log: bool = False):
         self.dim, self.backend, self.kernel, self.log = dim, backend, kernel, log
@@ -145,6 +180,12 @@ class SoftmaxPlan:
             self.copy = not _rows_are_a_view(x, dim)
             self.run = _backend_module(backend).plan_forward(_rows(x, dim), _out_rows(out, dim), kernel,
                                                              **_log_kw(log))
+        self.index, self.fast = x.device.index, None
+        # One Triton launch of x itself (no copy into row order first: fast_run launches on x) can go
+        # through C++; the tries cover first calls whose x was off the 16-byte grid (the aligned
+        # specialization compiles at the first aligned call).
+        self.fast_tries = 3 if (_FAST_LAUNCH and not self.copy and x.is_cuda
+                                and hasattr(self.run, "fast_spec")) else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend
@@ -158,10 +199,34 @@ class SoftmaxPlan:
             out.fill_(float("nan"))
         if self.run is not None:
             self.run(_rows(x, self.dim) if self.copy else x, out)
+            if self.fast_tries:
+                self._register_fast()
         elif backend == "torch" and x.numel():
             fn = reference.safe_softmax if self.kernel == "safe" else reference.tiled_softmax
             out.copy_(fn(x, self.dim, log=self.log))
         return out
+
+    def _register_fast(self) -> None:
+        """After a launch through Triton: register that launch for C++ (csrc/bindings.cpp
+        fast_register), once its aligned specialization is compiled."""
+        global _fast_run, fast_launch_off_because
+        self.fast_tries -= 1
+        spec = self.run.fast_spec()
+        if spec is None:
+            return
+        self.fast_tries = 0
+        ext = _fast_extension(self.device)
+        if ext is None:
+            return
+        from .cuda import _build
+        try:
+            self.fast = _build.call(ext.fast_register, spec["function"], spec["grid"], spec["threads"],
+                                    spec["shared"], spec["device"], spec["sizes"], spec["values"],
+                                    *spec["slots"], list(self.size), list(self.stride), self.like)
+        except (ValueError, TypeError, RuntimeError) as e:  # a launch C++ cannot take: Python keeps it
+            fast_launch_off_because = f"fast_register refused a softmax plan: {e}"
+            return
+        _fast_run = ext.fast_run
 
 
 class SoftmaxBackwardPlan:
@@ -371,6 +436,10 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
         if plan is None:
             plan = _plan_for(x, dim, backend, kernel)
         if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
+            if plan.fast is not None:  # C++ allocates and launches (None: it declined this call)
+                out = _fast_run(plan.fast, x, _raw_stream(plan.index), _checks.POISON_OUTPUTS)
+                if out is not None:
+                    return out
             return plan.forward(x)
         return _Softmax.apply(x, dim, plan.backend, plan.kernel)
     # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.
@@ -404,6 +473,10 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None,
         if plan is None:
             plan = _plan_for(x, dim, backend, kernel, True)
         if plan.backend == NATIVE or not (x.requires_grad and torch.is_grad_enabled()):
+            if plan.fast is not None:  # C++ allocates and launches (None: it declined this call)
+                out = _fast_run(plan.fast, x, _raw_stream(plan.index), _checks.POISON_OUTPUTS)
+                if out is not None:
+                    return out
             return plan.forward(x)
         return _Softmax.apply(x, dim, plan.backend, plan.kernel, True)
     # Traced (torch.compile, make_fx, a functorch transform), a tensor subclass, or a 0-dim x.

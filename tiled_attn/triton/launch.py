@@ -38,6 +38,9 @@ from .._plan import current_stream as _raw_stream
 __all__ = ["Launch"]
 
 _ALIGN = 16  # Triton specializes pointer arguments on 16-byte alignment
+# The integer parameter types of Triton's signatures and the bytes its launcher passes them in
+# (triton/backends/nvidia/driver.py ty_to_cpp).
+_INT_BYTES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 _data_ptr = torch.Tensor.data_ptr
 
 
@@ -170,6 +173,7 @@ class Launch:
         spec = _specialization(self.fn, self.device.index, args)
         shared_key = None if spec is None else (self.fn, self.device.index, self._meta_key, spec)
         handles = _SHARED.get(shared_key) if shared_key is not None else None
+        types = None if spec is None else tuple(s[0] for s in spec)
         if handles is not None:
             self._keep(key, handles)
             self(*args)
@@ -184,7 +188,7 @@ class Launch:
         # CudaLauncher.__call__ without its Python wrapper: the module's launch function with no
         # scratch buffers (checked above) and no launch hooks.
         handles = (launcher.launch, kernel.function, kernel.packed_metadata,
-                   launcher.launch_cooperative_grid, launcher.launch_pdl)
+                   launcher.launch_cooperative_grid, launcher.launch_pdl, types)
         self._keep(key, handles)
         if shared_key is not None:
             _SHARED[shared_key] = handles
@@ -193,6 +197,28 @@ class Launch:
         self._compiled[key] = handles
         if key is True:
             self.ready = handles
+
+    def params(self, args) -> tuple | None:
+        """(bytes, value) of each kernel parameter as Triton's launcher packs them for `args` (the
+        runtime arguments; tensors as None, their address filled per launch), or None where that is
+        not known or not plain: the all-aligned specialization not compiled yet, or an argument
+        other than a pointer or an integer. Triton drops the arguments it specialized to constants
+        (an integer equal to 1: type "constexpr") and appends its global and profile scratch
+        pointers (null: _slow checked that the kernel uses neither)."""
+        ready = self.ready
+        if ready is None or ready[5] is None or len(args) != self._runtime:
+            return None
+        packed = []
+        for ty, arg in zip(ready[5], args):
+            if ty == "constexpr":
+                continue
+            if ty.startswith("*"):
+                packed.append((8, None if isinstance(arg, torch.Tensor) else arg))
+            elif ty in _INT_BYTES and type(arg) is int:
+                packed.append((_INT_BYTES[ty], arg))
+            else:
+                return None
+        return (*packed, (8, 0), (8, 0))
 
     def bind(self, *ints) -> "Bound":
         """This launch with its trailing non-pointer arguments fixed: a call passes the pointers."""
@@ -226,3 +252,21 @@ class Bound:
                          ready[2], None, None, None, *ptrs, *self._args)
                 return
         launch(*tensors, *self.ints)
+
+    def fast_spec(self, tensors: int = 2) -> dict | None:
+        """What csrc/bindings.cpp fast_register needs to launch this kernel from C++ exactly as
+        Triton's launcher would, for a call whose first `tensors` arguments are tensors (their
+        addresses set per launch); None until the all-aligned specialization is compiled (the first
+        aligned call), or for a launch the C++ path does not take (a cooperative, PDL or cluster
+        launch, an argument neither a pointer nor an integer)."""
+        launch = self.launch
+        ready = launch.ready
+        if ready is None:
+            return None
+        num_warps, num_ctas, shared = ready[2]
+        params = launch.params((None,) * tensors + self.ints)
+        if params is None or num_ctas != 1 or ready[3] or ready[4]:
+            return None
+        return dict(function=ready[1], grid=list(launch.grid), threads=32 * num_warps, shared=shared,
+                    device=launch.device.index, sizes=[b for b, _ in params],
+                    values=[0 if v is None else v for _, v in params], slots=list(range(tensors)))
