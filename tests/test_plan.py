@@ -465,7 +465,8 @@ FAST_CASES = {  # (shape, dtype, view, dim, backend, kernel, log)
     "row-fp16-odd": ((37, 1003), torch.float16, None, -1, "triton", "row", False),
     "row-log": ((9, 300), torch.float32, None, -1, None, None, True),
     "online": ((5, 20000), torch.bfloat16, None, -1, "triton", "online", False),
-    "transposed": ((300, 6), torch.float32, "t", 0, "triton", "row", False),  # out laid out unlike x
+    "columns": ((300, 6), torch.float32, None, 0, "triton", "row", False),  # out laid out unlike x
+    "transposed": ((300, 6), torch.float32, "t", 0, "triton", "row", False),
     "3d-last": ((2, 3, 257), torch.bfloat16, None, 2, None, None, False),
 }
 
@@ -507,7 +508,7 @@ def test_softmax_fast_launch(case, monkeypatch, seed):
     x = make()
     y = fn(x, dim, backend=backend, kernel=kernel)
     assert returned == [True]
-    assert y.stride() == y0.stride()
+    assert y.stride() == y0.stride() and plans[0].like == (case != "columns")
     check(y, x, "C++ launch")
     misaligned = make(offset=1)
     check(fn(misaligned, dim, backend=backend, kernel=kernel), misaligned, "misaligned x")
