@@ -156,7 +156,7 @@ class Launch:
         if compiled is None or _current_device() != index:
             self._slow(key, args)
             return
-        launch, function, packed, coop, pdl = compiled
+        launch, function, packed, coop, pdl, _ = compiled
         g = self.grid
         launch(g[0], g[1], g[2], _raw_stream(index), function, coop, pdl, None, None, packed, None, None,
                None, *flat, *self._tail)
