@@ -150,7 +150,8 @@ def _fast_extension(device: torch.device):
         return None
     from . import cuda
     if not cuda.is_available():
-        fast_launch_off_because = "the CUDA extension cannot be built here: " + "; ".join(cuda._build.missing())
+        fast_launch_off_because = ("the CUDA extension cannot be built here: "
+                                   + "; ".join(cuda._build.missing()))
         return None
     try:
         return cuda.load(device)

@@ -200,7 +200,7 @@ class Launch:
 
     def params(self, args) -> tuple | None:
         """(bytes, value) of each kernel parameter as Triton's launcher packs them for `args` (the
-        runtime arguments; tensors as None, their address filled per launch), or None where that is
+        runtime arguments; a tensor or None where the address is filled per launch), or None where that is
         not known or not plain: the all-aligned specialization not compiled yet, or an argument
         other than a pointer or an integer. Triton drops the arguments it specialized to constants
         (an integer equal to 1: type "constexpr") and appends its global and profile scratch
@@ -212,7 +212,7 @@ class Launch:
         for ty, arg in zip(ready[5], args):
             if ty == "constexpr":
                 continue
-            if ty.startswith("*"):
+            if ty.startswith("*"):  # an address: 8 bytes
                 packed.append((8, None if isinstance(arg, torch.Tensor) else arg))
             elif ty in _INT_BYTES and type(arg) is int:
                 packed.append((_INT_BYTES[ty], arg))
