@@ -442,6 +442,11 @@ struct FastPlan {
   int x_slot = -1, out_slot = -1;     // the parameters that take x's and the output's address
   std::vector<int64_t> out_sizes, out_strides;
   bool out_like_x = false;  // at::empty_like(x) gives exactly out_sizes / out_strides (cheaper)
+  // A kernel of the CUDA softmax ladder instead (fast_register_softmax): its launcher, operands and
+  // config as softmax_fwd would pass them, x's and y's addresses filled per call. `function` is unused.
+  sm::ForwardLauncher softmax_launch = nullptr;
+  sm::ForwardArgs softmax_args{};
+  sm::LaunchConfig softmax_cfg{};
 };
 
 constexpr size_t kFastMaxParams = 32;
@@ -467,6 +472,17 @@ LaunchKernelFn launch_kernel_fn() {
 
 void free_fast_plan(PyObject* capsule) {
   delete static_cast<FastPlan*>(PyCapsule_GetPointer(capsule, "tiled_attn.FastPlan"));
+}
+
+// (a capsule owning `plan`, freed with the Python object that holds it; error ('': none)).
+std::tuple<py::object, std::string> as_capsule(std::unique_ptr<FastPlan> plan) {
+  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.FastPlan", free_fast_plan);
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return {py::none(), "RuntimeError: a capsule for the plan could not be made"};
+  }
+  plan.release();
+  return {py::reinterpret_steal<py::object>(capsule), ""};
 }
 
 // A capsule owning the plan (freed with the Python plan that holds it), or the error. `sizes`: each
@@ -524,13 +540,47 @@ std::tuple<py::object, std::string> fast_register(int64_t function, std::vector<
   plan->out_sizes = std::move(out_sizes);
   plan->out_strides = std::move(out_strides);
   plan->out_like_x = out_like_x;
-  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.FastPlan", free_fast_plan);
-  if (capsule == nullptr) {
-    PyErr_Clear();
-    return {py::none(), "RuntimeError: a capsule for the plan could not be made"};
+  return as_capsule(std::move(plan));
+}
+
+// The same capsule for a kernel of the CUDA softmax ladder (tiled_attn/cuda/softmax.py's plan): x2d / out2d
+// are the plan's first call's (M, N) operands (their strides, dtype and alignment are every later call's: they
+// are the plan's signature, and fast_run declines x off the 16-byte grid), the launch config as for softmax_fwd.
+// Kernels that take a workspace (split_row) stay on the Python path.
+std::tuple<py::object, std::string> fast_register_softmax(const std::string& kernel, const torch::Tensor& x2d,
+                                                          const torch::Tensor& out2d, int64_t threads,
+                                                          int64_t cluster, int64_t cta_bytes, int64_t chunk,
+                                                          std::vector<int64_t> out_sizes,
+                                                          std::vector<int64_t> out_strides, bool out_like_x) {
+  Checker chk;
+  sm::ForwardArgs a;
+  sm::LaunchConfig cfg;
+  const ForwardKernel* k = find_kernel(chk, kernel);
+  if (!(k && forward_args(chk, x2d, out2d, &a) && launch_config(chk, threads, cluster, cta_bytes, chunk, &cfg) &&
+        chk.value(kernel != "split_row", "kernel='split_row' needs a workspace: it stays on the Python path") &&
+        chk.value(a.rows > 0 && a.cols > 0, "x2d must not be empty") &&
+        chk.value(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0,
+                  "x2d and out2d must be 16-byte aligned (the alignment every fast_run call has)") &&
+        chk.value(out_sizes.size() == out_strides.size(), "out_sizes and out_strides must have one entry a dim"))) {
+    return {py::none(), chk.error()};
   }
-  plan.release();
-  return {py::reinterpret_steal<py::object>(capsule), ""};
+  const int device = x2d.get_device();
+  const int64_t limit = max_cols(kernel, a, cfg, device);
+  if (!chk.value(limit < 0 || a.cols <= limit, "kernel='", kernel, "' takes rows of at most ", limit,
+                 " columns here, got ", a.cols)) {
+    return {py::none(), chk.error()};
+  }
+  auto plan = std::make_unique<FastPlan>();
+  plan->softmax_launch = k->launch;
+  plan->softmax_args = a;
+  plan->softmax_args.x = nullptr;  // per call
+  plan->softmax_args.y = nullptr;
+  plan->softmax_cfg = cfg;
+  plan->device = device;
+  plan->out_sizes = std::move(out_sizes);
+  plan->out_strides = std::move(out_strides);
+  plan->out_like_x = out_like_x;
+  return as_capsule(std::move(plan));
 }
 
 // fast_run(plan, x, stream, poison) -> the output, or None where the Python path must run the call instead:
@@ -564,6 +614,20 @@ PyObject* fast_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (poison) out.fill_(std::numeric_limits<double>::quiet_NaN());
   } catch (const std::exception&) {
     Py_RETURN_NONE;
+  }
+  if (plan->softmax_launch != nullptr) {
+    sm::ForwardArgs a = plan->softmax_args;
+    a.x = x.data_ptr();
+    a.y = out.data_ptr();
+    const cudaError_t err = plan->softmax_launch(a, plan->softmax_cfg, nullptr,
+                                                 reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+    if (err != cudaSuccess) {
+      const std::string msg = std::string("CUDA softmax kernel launch failed: ") + cudaGetErrorName(err) + " (" +
+                              cudaGetErrorString(err) + ")";
+      PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+      return nullptr;
+    }
+    return THPVariable_Wrap(std::move(out));
   }
   alignas(16) unsigned char params[kFastMaxBytes];
   void* slots[kFastMaxParams];
@@ -608,6 +672,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(a capsule owning a planned Triton launch for fast_run, error ('': none))", py::arg("function"),
         py::arg("grid"), py::arg("threads"), py::arg("shared"), py::arg("device"), py::arg("sizes"), py::arg("values"),
         py::arg("x_slot"), py::arg("out_slot"), py::arg("out_sizes"), py::arg("out_strides"), py::arg("out_like_x"));
+  m.def("fast_register_softmax", &fast_register_softmax,
+        "(a capsule owning a planned CUDA softmax launch for fast_run, error ('': none))", py::arg("kernel"),
+        py::arg("x2d"), py::arg("out2d"), py::arg("threads"), py::arg("cluster"), py::arg("cta_bytes"),
+        py::arg("chunk"), py::arg("out_sizes"), py::arg("out_strides"), py::arg("out_like_x"));
   m.add_object("fast_run", py::reinterpret_steal<py::object>(PyCFunction_New(&kFastRunDef, nullptr)));
   m.def("softmax_kernels", [] {
     std::vector<std::string> names;

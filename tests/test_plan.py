@@ -468,15 +468,27 @@ FAST_CASES = {  # (shape, dtype, view, dim, backend, kernel, log)
     "columns": ((300, 6), torch.float32, None, 0, "triton", "row", False),  # out laid out unlike x
     "transposed": ((300, 6), torch.float32, "t", 0, "triton", "row", False),
     "3d-last": ((2, 3, 257), torch.bfloat16, None, 2, None, None, False),
+    # the CUDA ladder (fast_register_softmax): each kernel without workspace, packed and scalar rows
+    "cuda-warp_row-bf16": ((64, 128), torch.bfloat16, None, -1, "cuda", "warp_row", False),
+    "cuda-default": ((33, 100), torch.float32, None, -1, "cuda", None, False),
+    "cuda-naive": ((9, 70), torch.float32, None, -1, "cuda", "naive", False),
+    "cuda-online_thread": ((9, 70), torch.float16, None, -1, "cuda", "online_thread", False),
+    "cuda-block_smem_tree": ((5, 1000), torch.float32, None, -1, "cuda", "block_smem_tree", False),
+    "cuda-block_shuffle": ((5, 1000), torch.bfloat16, None, -1, "cuda", "block_shuffle", False),
+    "cuda-block_row_reg": ((7, 3001), torch.float16, None, -1, "cuda", "block_row_reg", False),
+    "cuda-block_row_smem": ((3, 50000), torch.float32, None, -1, "cuda", "block_row_smem", False),
+    "cuda-flat_rows-t": ((300, 6), torch.float32, "t", 0, "cuda", "flat_rows", False),
+    "cuda-tile2d-columns": ((300, 6), torch.float32, None, 0, "cuda", "tile2d", False),
 }
 
 
 @gpu
 @pytest.mark.parametrize("case", list(FAST_CASES))
 def test_softmax_fast_launch(case, monkeypatch, seed):
-    """After a plan's first call (through Triton) the next calls allocate and launch from C++ and
-    compute the same function; a 16-byte-misaligned x of the same signature is declined (the Python
-    path runs its own specialization), and so is a call that records a gradient."""
+    """After a plan's first call (through Triton or the CUDA ladder's binding) the next calls
+    allocate and launch from C++ and compute the same function; a 16-byte-misaligned x of the same
+    signature is declined (the Python path runs its own specialization or scalar path), and so is a
+    call that records a gradient."""
     if not backend_available("cuda"):  # the C++ launch lives in the CUDA extension
         pytest.skip(skip_reason("cuda"))
     shape, dtype, view, dim, backend, kernel, log = FAST_CASES[case]
@@ -510,7 +522,7 @@ def test_softmax_fast_launch(case, monkeypatch, seed):
     x = make()
     y = fn(x, dim, backend=backend, kernel=kernel)
     assert returned == [True]
-    assert y.stride() == y0.stride() and plans[0].like == (case != "columns")
+    assert y.stride() == y0.stride() and plans[0].like == (not case.endswith("columns"))
     check(y, x, "C++ launch")
     misaligned = make(offset=1)
     check(fn(misaligned, dim, backend=backend, kernel=kernel), misaligned, "misaligned x")
@@ -533,6 +545,18 @@ def test_softmax_fast_launch_not_for_copied_rows():
 
 
 @gpu
+def test_softmax_fast_launch_not_for_split_row():
+    """The CUDA ladder's split_row takes a workspace: its plan keeps the Python path."""
+    if not backend_available("cuda"):
+        pytest.skip(skip_reason("cuda"))
+    x = torch.randn(2, 70000, device="cuda")
+    for _ in range(2):
+        torch.testing.assert_close(ta.softmax(x, backend="cuda", kernel="split_row"), torch.softmax(x, -1))
+    (plan,) = SOFTMAX._PLANS.values()
+    assert plan.fast is None and plan.fast_tries == 0 and SOFTMAX.fast_launch_off_because is None
+
+
+@gpu
 def test_fast_register_refuses_bad_arguments():
     if not backend_available("cuda"):
         pytest.skip(skip_reason("cuda"))
@@ -547,5 +571,17 @@ def test_fast_register_refuses_bad_arguments():
                             (dict(sizes=[8, 4]), "8-byte pointers")):
         with pytest.raises(ValueError, match=message):
             _build.call(ext.fast_register, *{**good, **change}.values())
+    x, out = torch.randn(4, 64, device="cuda"), torch.empty(4, 64, device="cuda")
+    good = dict(kernel="warp_row", x2d=x, out2d=out, threads=128, cluster=1, cta_bytes=0, chunk=0,
+                out_sizes=[4, 64], out_strides=[64, 1], out_like_x=True)
+    _build.call(ext.fast_register_softmax, *good.values())
+    for change, message in ((dict(kernel="split_row"), "needs a workspace"), (dict(kernel="nope"), "kernel must be"),
+                            (dict(x2d=torch.randn(260, device="cuda")[1:257].view(4, 64)), "16-byte aligned"),
+                            (dict(x2d=x[:0], out2d=out[:0]), "must not be empty"),
+                            (dict(kernel="flat_rows", x2d=torch.randn(2, 4096, device="cuda"),
+                                  out2d=torch.empty(2, 4096, device="cuda")), "at most"),
+                            (dict(threads=48), "threads must be")):
+        with pytest.raises(ValueError, match=message):
+            _build.call(ext.fast_register_softmax, *{**good, **change}.values())
     with pytest.raises(TypeError, match="4 arguments"):
         ext.fast_run(None)

@@ -11,7 +11,7 @@ shape and `dim` only, which is what the fake (meta) implementation needs for tor
 One call, eager on a plain tensor (tiled_attn/_plan.py says when a call is that):
     softmax(x, dim)  →  _PLANS[signature]  (a miss: _resolve validates in full, then a plan is made)
                      →  fast_run(plan.fast, x, ...): C++ allocates the output and launches the plan's
-                        Triton kernel (csrc/bindings.cpp; once the plan's first launch has compiled it)
+                        kernel (csrc/bindings.cpp; once the plan's first launch has compiled it)
                      or SoftmaxPlan.forward(x): allocate the output, run the backend's launches.
 With autograd recording, the same plan runs inside `_Softmax`, a torch.autograd.Function whose
 backward runs a backward plan (dx = y·(dy − Σ dy·y)). Traced calls (torch.compile, make_fx, ...)
@@ -130,7 +130,8 @@ def _log_kw(log: bool) -> dict:
 
 
 # The C++ launch path (csrc/bindings.cpp fast_run): an eager call whose plan is one Triton launch of
-# x into a new output allocates and launches from C++, and Python keeps only the plan lookup.
+# x into a new output, or one launch of a CUDA ladder kernel (whose pybind11 call cost 16-17 µs of
+# host on the H100, 2026-11-27), allocates and launches from C++, and Python keeps only the plan lookup.
 # Measured on the H100 (2026-11-27, overhead suite): the Python path cost ta.softmax 11.8-20.4 µs a
 # call against torch.softmax's 8.4-13.4; its parts (H200 profile, host/2026-11-26-h200-profile-2.txt)
 # were Triton's C launcher 3.95 µs, torch.empty_like 1.66 and our frames ~2.6. It needs the CUDA
@@ -182,9 +183,10 @@ class SoftmaxPlan:
             self.run = _backend_module(backend).plan_forward(_rows(x, dim), _out_rows(out, dim), kernel,
                                                              **_log_kw(log))
         self.index, self.fast = x.device.index, None
-        # One Triton launch of x itself (no copy into row order first: fast_run launches on x) can go
-        # through C++; the tries cover first calls whose x was off the 16-byte grid (the aligned
-        # specialization compiles at the first aligned call).
+        # One launch of x itself (no copy into row order first: fast_run launches on x; a Triton
+        # kernel or a CUDA ladder kernel without workspace) can go through C++; the tries cover first
+        # calls whose x was off the 16-byte grid (Triton's aligned specialization compiles at the
+        # first aligned call; fast_run declines misaligned x, whose kernels may take another path).
         self.fast_tries = 3 if (_FAST_LAUNCH and not self.copy and x.is_cuda
                                 and hasattr(self.run, "fast_spec")) else 0
 
@@ -201,29 +203,36 @@ class SoftmaxPlan:
         if self.run is not None:
             self.run(_rows(x, self.dim) if self.copy else x, out)
             if self.fast_tries:
-                self._register_fast()
+                self._register_fast(x, out)
         elif backend == "torch" and x.numel():
             fn = reference.safe_softmax if self.kernel == "safe" else reference.tiled_softmax
             out.copy_(fn(x, self.dim, log=self.log))
         return out
 
-    def _register_fast(self) -> None:
-        """After a launch through Triton: register that launch for C++ (csrc/bindings.cpp
-        fast_register), once its aligned specialization is compiled."""
+    def _register_fast(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """After a launch through the backend: register that launch for C++ (csrc/bindings.cpp
+        fast_register for a Triton kernel, once its aligned specialization is compiled;
+        fast_register_softmax for a kernel of the CUDA ladder, from an aligned call)."""
         global _fast_run, fast_launch_off_because
         self.fast_tries -= 1
         spec = self.run.fast_spec()
-        if spec is None:
+        cuda_kernel = spec is not None and "softmax_kernel" in spec
+        if spec is None or (cuda_kernel and (x.data_ptr() % 16 or out.data_ptr() % 16)):
             return
         self.fast_tries = 0
         ext = _fast_extension(self.device)
         if ext is None:
             return
         from .cuda import _build
+        out_layout = (list(self.size), list(self.stride), self.like)
         try:
-            self.fast = _build.call(ext.fast_register, spec["function"], spec["grid"], spec["threads"],
-                                    spec["shared"], spec["device"], spec["sizes"], spec["values"],
-                                    *spec["slots"], list(self.size), list(self.stride), self.like)
+            if cuda_kernel:
+                self.fast = _build.call(ext.fast_register_softmax, spec["softmax_kernel"], _rows(x, self.dim),
+                                        _out_rows(out, self.dim), *spec["launch"], *out_layout)
+            else:
+                self.fast = _build.call(ext.fast_register, spec["function"], spec["grid"], spec["threads"],
+                                        spec["shared"], spec["device"], spec["sizes"], spec["values"],
+                                        *spec["slots"], *out_layout)
         except (ValueError, TypeError, RuntimeError) as e:  # a launch C++ cannot take: Python keeps it
             fast_launch_off_because = f"fast_register refused a softmax plan: {e}"
             return
