@@ -98,11 +98,9 @@ def plan_forward(x2d: torch.Tensor, out2d: torch.Tensor, kernel: str | None = No
     def run(x, out):
         call(fwd, kernel, x_view(x), out_view(out), *args, _stream(index))
 
-    def fast_spec():
-        # What tiled_attn/softmax.py registers for the C++ launch (csrc/bindings.cpp
-        # fast_register_softmax); split_row's workspace keeps it on this Python path.
-        return None if kernel == "split_row" else {"softmax_kernel": kernel, "launch": args}
-    run.fast_spec = fast_spec
+    if kernel != "split_row":  # its workspace keeps it on this Python path
+        # what tiled_attn/softmax.py registers for the C++ launch (csrc/bindings.cpp fast_register_softmax)
+        run.fast_spec = lambda: {"softmax_kernel": kernel, "launch": args}
     return run
 
 
