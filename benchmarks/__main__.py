@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "'events': the eager figure only; 'graph': graph replays only")
     ap.add_argument("--warmup-ms", type=float, default=None)
     ap.add_argument("--rep-ms", type=float, default=None)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="eager rounds per point, providers in turn (default 3, 1 with --quick); the "
+                         "headline is their median")
     ap.add_argument("--seed", type=int, default=None, help="base seed (default: fresh)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--list", action="store_true", help="list suites, cases and providers; run nothing")
@@ -118,13 +121,16 @@ def _device_meta(device) -> dict:
                            f"{os.cpu_count()} cores)", "capability": "cpu"}
 
 
-def _timing_note(mode: str, warmup: float, rep: float) -> str:
+def _timing_note(mode: str, warmup: float, rep: float, rounds: int = 1) -> str:
     how = {"graph": "CUDA-graph replays of the calls (kernel time; per-call CUDA events where a "
                     "provider cannot be captured, marked per row)",
            "events": "per-call CUDA events over back-to-back eager calls (host cost included)",
            "eager": "per-call CUDA events over back-to-back eager calls (host cost included: what a "
                     "user's call gets) as the headline; CUDA-graph replays of the same calls (kernel "
                     "time) as the second column (graph_ms in the JSON)"}[mode]
+    if mode != "graph" and rounds > 1:
+        how += (f"; the eager figure is the median of {rounds} rounds, every provider of a point "
+                "timed in turn in each (the host's drift shared alike; all rounds in eager_rounds_ms)")
     return (f"median; GPU: {how}, warm-up {warmup:g} ms, {rep:g} ms of repeats per point, input "
             "sets rotating through >= 2x L2; CPU: perf_counter per call. Each provider is checked "
             "(DESIGN §4 rule against a float64 reference, float32 for attention cases over 2^30 "
@@ -186,6 +192,7 @@ def _run(args, names, cuda, console) -> int:
     quick = args.quick
     warmup = args.warmup_ms if args.warmup_ms is not None else (2.0 if quick else 5.0)
     rep = args.rep_ms if args.rep_ms is not None else (10.0 if quick else 30.0)
+    rounds = max(1, args.rounds if args.rounds is not None else (1 if quick else 3))
     budget = args.budget if args.budget is not None else (540.0 if cuda else None)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFF
     t_start = time.perf_counter()
@@ -193,14 +200,14 @@ def _run(args, names, cuda, console) -> int:
     def timer_for(dev):
         if dev.type == "cuda":
             return harness.CudaTimer(warmup, rep, graphs=args.timing != "events",
-                                     eager_first=args.timing != "graph")
+                                     eager_first=args.timing != "graph", rounds=rounds)
         return harness.CpuTimer(warmup_ms=4 * warmup, rep_ms=(50.0 if quick else 200.0))
 
     primary = torch.device("cuda" if cuda and any(s.device == "cuda" for s in suites) else "cpu")
     meta = {"date": time.strftime("%Y-%m-%d"), **_device_meta(primary), **_versions(),
             "command": shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
             "seed": seed, "quick": quick,
-            "timing": _timing_note(args.timing, warmup, rep)}
+            "timing": _timing_note(args.timing, warmup, rep, rounds)}
     out_dir = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{meta['date']}-{_slug(meta['device_name'] if primary.type == 'cuda' else 'cpu')}"

@@ -219,11 +219,25 @@ class CudaTimer:
     """
 
     def __init__(self, warmup_ms: float = 5.0, rep_ms: float = 30.0, graphs: bool = True,
-                 min_reps: int = 3, eager_first: bool = False):
+                 min_reps: int = 3, eager_first: bool = False, rounds: int = 1):
         self.warmup_ms, self.rep_ms, self.graphs, self.min_reps = warmup_ms, rep_ms, graphs, min_reps
         # DESIGN §6: the headline is what a user's eager call gets (per-call events, back to back,
         # host cost included); the CUDA-graph replay (kernel time) is the second column.
         self.eager_first = eager_first
+        # Eager rounds per point (run_case): the first with the provider's check and graph column,
+        # then rounds − 1 more of every provider in turn (ABC ABC ...), the headline the median of
+        # the rounds. An eager call near the host's cost reads that host's state: on the H100
+        # machine (2026-11-27) torch.softmax's eager GB/s at 65536x128 fp32 moved by 30% between
+        # two runs, and two providers running the same kernel in one run differed by 8%, while
+        # the graph column stayed within 1%. Interleaved rounds give drift to every provider alike.
+        self.rounds = rounds
+
+    def again(self, call: Callable[[int], Any], n_sets: int, first: Timing) -> float | None:
+        """One more eager round (ms) of a point measure() timed as `first`, or None where that
+        headline is not per-call eager timing (a slow call's two samples, a graph headline)."""
+        if first.mode != "events" or first.reps < self.min_reps or not self.eager_first:
+            return None
+        return self._events(call, n_sets, max(first.ms, 1e-3), first.peak_bytes, "").ms
 
     def measure(self, call: Callable[[int], Any], n_sets: int = 1, graphable: bool = True,
                 host_syncs: bool = False) -> Timing:
@@ -528,7 +542,7 @@ def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
              advance: Callable[[str], None] = lambda name: None) -> list[dict]:
     data = _CaseData(suite, case, cfg, seed)
     dtype = DTYPES[case["dtype"]]
-    records = []
+    records, timed = [], []  # timed: (record, call, n_sets, first Timing) of each provider timed
     for p, name, unavailable in providers:
         role = p.role if p else "ours"
         advance(name)
@@ -565,11 +579,11 @@ def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
             records.append(_record(suite, case, name, role, FAILED, error=check.message, **common))
             continue
         sets = data.all_sets()
-        fn = p.fn
+        call = (lambda fn, sets: lambda i: fn(case, sets[i % len(sets)]))(p.fn, sets)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t = cfg.timer.measure(lambda i: fn(case, sets[i % len(sets)]), len(sets),
+                t = cfg.timer.measure(call, len(sets),
                                       p.graphable, **({"host_syncs": True} if p.host_syncs else {}))
         except Exception as err:
             if not _device_alive(cfg.device):
@@ -577,23 +591,46 @@ def run_case(suite: Suite, case: dict, providers, cfg: RunConfig, seed: int,
             records.append(_record(suite, case, name, role, ERROR,
                                    error="while timing: " + _describe(err), **common))
             continue
-        work = suite.op.work(case)
-        scale = 1e9 if suite.op.unit == "GB/s" else 1e12
-        value = work / (t.ms * 1e-3) / scale
-        ceiling = cfg.ceilings.get(suite.op.ceiling)
         graph = {}
         if t.graph_ms:
-            gv = work / (t.graph_ms * 1e-3) / scale
-            graph = dict(graph_ms=t.graph_ms, graph_value=gv,
-                         graph_pct_ceiling=100 * gv / ceiling if ceiling else None)
+            gv, gpct = _rate(suite, cfg, case, t.graph_ms)
+            graph = dict(graph_ms=t.graph_ms, graph_value=gv, graph_pct_ceiling=gpct)
+        value, pct = _rate(suite, cfg, case, t.ms)
         records.append(_record(
-            suite, case, name, role, OK, ms=t.ms, value=value, **graph,
-            pct_ceiling=100 * value / ceiling if ceiling else None,
+            suite, case, name, role, OK, ms=t.ms, value=value, **graph, pct_ceiling=pct,
             peak_mb=None if t.peak_bytes is None else t.peak_bytes / 2 ** 20,
             timing=t.mode + (f" ({t.note})" if t.note else ""), reps=t.reps, n_sets=len(sets),
             wall_s=time.perf_counter() - t_start, **common))
+        timed.append((records[-1], call, len(sets), t))
+    _more_rounds(suite, cfg, case, timed)
     _add_ratios(records, suite.baselines)
     return records
+
+
+def _rate(suite: Suite, cfg: RunConfig, case: dict, ms: float) -> tuple[float, float | None]:
+    """(the op's value — GB/s or TFLOP/s — of one call taking `ms`, its % of the ceiling)."""
+    value = suite.op.work(case) / (ms * 1e-3) / (1e9 if suite.op.unit == "GB/s" else 1e12)
+    ceiling = cfg.ceilings.get(suite.op.ceiling)
+    return value, (100 * value / ceiling if ceiling else None)
+
+
+def _more_rounds(suite: Suite, cfg: RunConfig, case: dict, timed: list) -> None:
+    """The timer's rounds − 1 further eager rounds of every timed provider of a point, in turn;
+    each record's headline becomes the median of its rounds (all kept in `eager_rounds_ms`)."""
+    rounds = {id(rec): [t.ms] for rec, _, _, t in timed}
+    for _ in range(getattr(cfg.timer, "rounds", 1) - 1):
+        for rec, call, n_sets, t in timed:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ms = cfg.timer.again(call, n_sets, t)
+            if ms is not None:
+                rounds[id(rec)].append(ms)
+    for rec, _, _, _ in timed:
+        ms_all = rounds[id(rec)]
+        if len(ms_all) > 1:
+            rec["ms"] = statistics.median(ms_all)
+            rec["value"], rec["pct_ceiling"] = _rate(suite, cfg, case, rec["ms"])
+            rec["eager_rounds_ms"] = ms_all
 
 
 def _add_ratios(records: list[dict], baselines: Sequence[str]) -> None:

@@ -851,3 +851,36 @@ def test_context_parallel_suite_plans_and_skips_without_two_gpus():
     assert cp.TORCH_CP not in recs[2]["ratios"]
     md = "\n".join(cp._markdown(recs))
     assert "| N=64k W=4 fwd | tiled_attn ring | 26.21 | 80% | 2.00× |" in md and "skipped" in md
+
+
+class RoundsTimer:
+    """measure() gives each provider's first round; again() the next ones, in the order called."""
+
+    def __init__(self, rounds, ms):
+        self.rounds, self.ms, self.order = rounds, ms, []
+
+    def measure(self, call, n_sets=1, graphable=True, **kw):
+        call(0)
+        return h.Timing(self.ms.pop(0), 10, "events", None)
+
+    def again(self, call, n_sets, first):
+        call(0)
+        self.order.append(first.ms)
+        return self.ms.pop(0)
+
+
+def test_eager_rounds_interleave_providers_and_take_the_median():
+    """rounds − 1 more rounds per point, every provider in turn (ABAB), the headline their median
+    (value and ratios from it), every round kept."""
+    suite = h.Suite(name="t", title="t", op=h.SOFTMAX, device="cpu", shapes=[dict(M=8, N=64)],
+                    dtypes=("fp32",), providers=[h.Provider("ours", _softmax), h.torch_softmax()],
+                    baselines=("torch.softmax",))
+    # first rounds: ours 4, torch 1; then (ours, torch) twice: (1, 2), (2, 3)
+    timer = RoundsTimer(3, [4.0, 1.0, 1.0, 2.0, 2.0, 3.0])
+    recs = _by_provider(h.run_suite(suite, _cfg(timer)))
+    assert timer.order == [4.0, 1.0, 4.0, 1.0]  # ours, torch, ours, torch
+    ours, torch_ = recs["ours"][0], recs["torch.softmax"][0]
+    assert ours["eager_rounds_ms"] == [4.0, 1.0, 2.0] and ours["ms"] == 2.0
+    assert torch_["eager_rounds_ms"] == [1.0, 2.0, 3.0] and torch_["ms"] == 2.0
+    assert ours["ratios"] == {"torch.softmax": 1.0}
+    assert ours["value"] == pytest.approx(2 * 8 * 64 * 4 / 2e-3 / 1e9)
