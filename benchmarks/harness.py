@@ -235,7 +235,7 @@ class CudaTimer:
     def again(self, call: Callable[[int], Any], n_sets: int, first: Timing) -> float | None:
         """One more eager round (ms) of a point measure() timed as `first`, or None where that
         headline is not per-call eager timing (a slow call's two samples, a graph headline)."""
-        if first.mode != "events" or first.reps < self.min_reps or not self.eager_first:
+        if first.mode != "events" or first.reps < self.min_reps:
             return None
         return self._events(call, n_sets, max(first.ms, 1e-3), first.peak_bytes, "").ms
 
