@@ -22,8 +22,10 @@ backend=None where the table selects wgmma_ws: that kernel runs, forward and gra
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import re
+import subprocess
 
 import pytest
 import torch
@@ -33,7 +35,8 @@ from tiled_attn import configs
 from tiled_attn.cuda import _build
 from tiled_attn.cuda import attention as cuda_attention
 
-from helpers import HAS_CUDA, INTERPRET, backend_available, build_attention_emulator, run_attention_emulator
+from helpers import (HAS_CUDA, INTERPRET, backend_available, build_attention_emulator, fresh_seed,
+                     run_attention_emulator)
 from test_attention import DT, HEADS, SHAPES, _check, _qkv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -167,6 +170,27 @@ def test_kernel_in_the_emulator(emulator, head_dim):
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
     for kernel in ("cp.async", "ws"):  # both kernels ran their cases
         assert out.count(f"\nok   {kernel} ") >= 10, (kernel, out[-3000:])
+
+
+@pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
+def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_dim):
+    """The emulator's own check. A lagging consumer warpgroup (TILED_ATTN_EMU_LAG: the others run as
+    far ahead as the kernel's barriers let them) with the slot-release barrier counting one consumer
+    warpgroup too few (TILED_ATTN_EMU_MUTATE=short_count: the producer refills a slot the laggard
+    has not read) fails the warp-specialized kernel; the same schedule passes the kernel as written.
+    Before the lag schedule, the three-consumer case of this bug passed (warpgroups kept in step)."""
+    seed = str(fresh_seed())
+    base = {**os.environ, "TILED_ATTN_EMU_LAG": "2"}
+    ran = {}
+    for mutate in ("", "short_count"):
+        env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}
+        r = subprocess.run([str(emulator), str(head_dim), seed, "ws"], capture_output=True, text=True,
+                           timeout=600, env=env)
+        ran[mutate] = (r.returncode, r.stdout)
+    (rc_ok, out_ok), (rc_bad, out_bad) = ran[""], ran["short_count"]
+    assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (seed, out_ok[-3000:])
+    assert rc_bad == 1 and re.search(r"^FAIL ws .*(deadlock|before .* waited|overwrites|lands on)", out_bad, re.M), \
+        (seed, out_bad[-3000:])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,7 +30,10 @@
 // Build and run (CPU only; tests/test_cuda_attention_sm90.py does this):
 //   g++ -std=c++17 -O1 -Wno-attributes -I<cuda>/include -Icsrc -DTILED_ATTN_EMULATION
 //       tests/emulation/flash_fwd_sm90_emulator.cpp -o /tmp/flash_fwd_sm90_emulator && /tmp/flash_fwd_sm90_emulator
-// Optional arguments: a head dim (0: all), a seed (inputs, thread schedule, shared-memory base).
+// Optional arguments: a head dim (0: all), a seed (inputs, thread schedule, shared-memory base, which
+// warpgroup lags: emu_common.h g_lag_lo), "ws" or "cp.async" (one kernel). Environment, for the
+// emulator's own test: TILED_ATTN_EMU_LAG=W (warpgroup W lags in every case), TILED_ATTN_EMU_MUTATE=
+// short_count (barriers counting several warpgroups count one fewer: a bug the emulator must catch).
 // Sources for the emulated semantics: PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"
 // (register fragments, shared memory matrix layout, matrix descriptor, strides, wgmma.fence /
 // commit_group / wait_group) and "Memory Consistency Model" (proxies); CUTLASS's canonical-layout
@@ -395,10 +398,18 @@ struct EmuMap {
 static_assert(sizeof(EmuMap) <= sizeof(CUtensorMap), "fits the opaque map");
 constexpr uint32_t kMapMagic = 0x544d4150;
 
+// A deliberate bug for the emulator's own test (tests/test_cuda_attention_sm90.py): with
+// TILED_ATTN_EMU_MUTATE=short_count a barrier that counts several warpgroups' threads counts one
+// warpgroup fewer (a consumer's slot release that does not wait for every consumer).
+const bool g_mutate_short_count = [] {
+  const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
+  return m != nullptr && std::string(m) == "short_count";
+}();
 void mbar_init(uint32_t bar, int count) {
   if (bar % 8) fail("mbarrier.init: address not 8-byte aligned");
   host(bar, 8, "mbarrier.init");
   if (count < 1) fail("mbarrier.init: count < 1");
+  if (g_mutate_short_count && count >= 256 && count % 128 == 0) count -= 128;
   Mbar b;
   b.count = b.pending = count;
   g_mbars[bar] = b;
@@ -608,10 +619,17 @@ emu_cases::CaseRun case_run(const Case& c, bool ws) {
   run.tag = ws ? "ws" : "cp.async";
   run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
+  // One warpgroup in two cases lags the others (emu_common.h g_lag_lo): the producer or a consumer
+  // (TILED_ATTN_EMU_LAG=W: warpgroup W in every case, -1 none).
   run.prepare = [](std::mt19937& rng) {
     emu::g_base = static_cast<uint32_t>(std::uniform_int_distribution<int>(0, 63)(rng)) * 16;
-    char s[32];
-    std::snprintf(s, sizeof s, "smem_base=%4u", emu::g_base);
+    int lag = std::uniform_int_distribution<int>(-4, 3)(rng);  // < 0: none
+    if (const char* forced = std::getenv("TILED_ATTN_EMU_LAG")) lag = std::atoi(forced);  // the test's choice
+    emu::g_lag_lo = lag < 0 ? 0 : 128 * lag;
+    emu::g_lag_hi = lag < 0 ? 0 : 128 * lag + 128;
+    char s[48];
+    std::snprintf(s, sizeof s, "smem_base=%4u lag=%s", emu::g_base,
+                  lag < 0 ? "none" : std::to_string(lag).c_str());
     return std::string(s);
   };
   run.launch = [&c, ws](tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
