@@ -60,6 +60,7 @@ LSE_TOL = 1e-3
 # Names of the flag bits of csrc/attention/flash_fwd.cuh (namespace flag), for the report.
 FLAGS = {1: "kQRegs", 2: "kFold", 4: "kLean", 8: "kJoint", 16: "kSkew", 32: "kLazy"}
 WS = 1 << 16  # a row of the sm90 warp-specialized kernel (sweep_flags::kWs), built on sm_90 only
+WS_SPLIT = 1 << 17  # with WS: K and V released apart (sweep_flags::kWsSplit, WsTraits::kSplitRelease)
 CONFIG_FLAGS = {1: "q_in_regs", 2: "fold", 4: "lean", 8: "joint", 16: "skew", 32: "lazy"}
 
 SWEEP_DIR = ROOT / "csrc" / "attention" / "sweep"
@@ -199,7 +200,8 @@ def flag_names(flags: int, names=FLAGS) -> list[str]:
 
 def describe(v: dict) -> str:
     if v["flags"] & WS:
-        return f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}> ({v['stages']} stages)"
+        split = ", true" if v["flags"] & WS_SPLIT else ""
+        return f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}{split}> ({v['stages']} stages)"
     fl = "|".join(flag_names(v["flags"])) or "0"
     mb = v.get("min_blocks")
     return f"Cfg<{v['block_m']}, {v['block_n']}, {v['warps']}, {v['stages']}, {fl}{'' if not mb or mb == 1 else f', {mb}'}>"

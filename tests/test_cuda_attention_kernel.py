@@ -106,7 +106,9 @@ def test_sweep_table_and_script_agree():
         assert int(d) in cuda_attention.HEAD_DIMS
     # The kWs rows (the sm90 warp-specialized kernel): the script's bit and row list are the header's.
     assert int(re.search(r"constexpr unsigned kWs = 1u << (\d+);", text).group(1)) == sweep.WS.bit_length() - 1
-    ws = [i for i, r in enumerate(rows) if "kWs" in r[5]]
+    assert int(re.search(r"constexpr unsigned kWsSplit = 1u << (\d+);", text).group(1)) == sweep.WS_SPLIT.bit_length() - 1
+    ws = [i for i, r in enumerate(rows) if re.search(r"\bkWs\b", r[5])]
+    assert all(re.search(r"\bkWs\b", r[5]) for r in rows if "kWsSplit" in r[5])  # a split row is a kWs row
     assert ws and ws == sweep.ws_rows()
     for i in ws:
         d, bm, bn = (int(x) for x in rows[i][:3])

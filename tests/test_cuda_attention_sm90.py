@@ -168,7 +168,7 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
-    for kernel in ("cp.async", "ws"):  # both kernels ran their cases
+    for kernel in ("cp.async", "ws", "ws_split"):  # every kernel ran its cases
         assert out.count(f"\nok   {kernel} ") >= 10, (kernel, out[-3000:])
 
 
@@ -181,16 +181,17 @@ def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_di
     Before the lag schedule, the three-consumer case of this bug passed (warpgroups kept in step)."""
     seed = str(fresh_seed())
     base = {**os.environ, "TILED_ATTN_EMU_LAG": "2"}
-    ran = {}
-    for mutate in ("", "short_count"):
-        env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}
-        r = subprocess.run([str(emulator), str(head_dim), seed, "ws"], capture_output=True, text=True,
-                           timeout=600, env=env)
-        ran[mutate] = (r.returncode, r.stdout)
-    (rc_ok, out_ok), (rc_bad, out_bad) = ran[""], ran["short_count"]
-    assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (seed, out_ok[-3000:])
-    assert rc_bad == 1 and re.search(r"^FAIL ws .*(deadlock|before .* waited|overwrites|lands on)", out_bad, re.M), \
-        (seed, out_bad[-3000:])
+    for kernel in ("ws", "ws_split"):  # ws_split: its K and V releases both counted short
+        ran = {}
+        for mutate in ("", "short_count"):
+            env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}
+            r = subprocess.run([str(emulator), str(head_dim), seed, kernel], capture_output=True, text=True,
+                               timeout=600, env=env)
+            ran[mutate] = (r.returncode, r.stdout)
+        (rc_ok, out_ok), (rc_bad, out_bad) = ran[""], ran["short_count"]
+        assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (kernel, seed, out_ok[-3000:])
+        assert rc_bad == 1 and re.search(rf"^FAIL {kernel} .*(deadlock|before .* waited|overwrites|lands on)",
+                                         out_bad, re.M), (kernel, seed, out_bad[-3000:])
 
 
 # ------------------------------------------------------------------------------------------------

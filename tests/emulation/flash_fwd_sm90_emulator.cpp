@@ -31,7 +31,8 @@
 //   g++ -std=c++17 -O1 -Wno-attributes -I<cuda>/include -Icsrc -DTILED_ATTN_EMULATION
 //       tests/emulation/flash_fwd_sm90_emulator.cpp -o /tmp/flash_fwd_sm90_emulator && /tmp/flash_fwd_sm90_emulator
 // Optional arguments: a head dim (0: all), a seed (inputs, thread schedule, shared-memory base, which
-// warpgroup lags: emu_common.h g_lag_lo), "ws" or "cp.async" (one kernel). Environment, for the
+// warpgroup lags: emu_common.h g_lag_lo), "cp.async", "ws" or "ws_split" (one kernel; ws_split: the
+// ws tile with K and V released apart, WsTraits::kSplitRelease). Environment, for the
 // emulator's own test: TILED_ATTN_EMU_LAG=W (warpgroup W lags in every case), TILED_ATTN_EMU_MUTATE=
 // short_count (barriers counting several warpgroups count one fewer: a bug the emulator must catch).
 // Sources for the emulated semantics: PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"
@@ -549,9 +550,17 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
   return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
                               [](const Params& p) { flash_fwd_sm90_kernel<Tr, T>(p); });
 }
+// The warp-specialized kernel of the entry's tile, or (g_ws_split) the same tile with K and V released
+// apart (WsTraits::kSplitRelease, the sweep's kWsSplit rows): the TMA maps' boxes are the same.
+bool g_ws_split = false;
 template <class Tr, typename T>
 cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t) {
+  using Split = WsTraits<Tr::kHeadDim, Tr::kBlockN, Tr::kConsumers, true>;
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
+  if (g_ws_split) {
+    return emu::launch_grid<Split>(params, batch_heads, kMaxGridY, m_blocks, 1,
+                                   [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<Split, T>(p, maps); });
+  }
   return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
                               [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<Tr, T>(p, maps); });
 }
@@ -613,15 +622,16 @@ using emu_cases::Case;
 
 // The run of a case: attention_fwd_sm90 (ws: attention_fwd_sm90_ws, the warp-specialized kernel) with
 // the dynamic shared memory at a random base.
-emu_cases::CaseRun case_run(const Case& c, bool ws) {
+emu_cases::CaseRun case_run(const Case& c, bool ws, bool split = false) {
   emu_cases::CaseRun run;
   run.entry = ws ? "attention_fwd_sm90_ws" : "attention_fwd_sm90";
-  run.tag = ws ? "ws" : "cp.async";
+  run.tag = split ? "ws_split" : ws ? "ws" : "cp.async";
   run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
   // One warpgroup in two cases lags the others (emu_common.h g_lag_lo): the producer or a consumer
   // (TILED_ATTN_EMU_LAG=W: warpgroup W in every case, -1 none).
-  run.prepare = [](std::mt19937& rng) {
+  run.prepare = [split](std::mt19937& rng) {
+    tiled_attn::flash_fwd_sm90::g_ws_split = split;
     emu::g_base = static_cast<uint32_t>(std::uniform_int_distribution<int>(0, 63)(rng)) * 16;
     int lag = std::uniform_int_distribution<int>(-4, 3)(rng);  // < 0: none
     if (const char* forced = std::getenv("TILED_ATTN_EMU_LAG")) lag = std::atoi(forced);  // the test's choice
@@ -673,12 +683,13 @@ int main(int argc, char** argv) {
     cases.push_back({1, 1, 1, 400, 352, d, false, 0, bf});            // whole 176-key tiles, three 192-row tiles
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
   }
-  // Optional third argument: "ws" or "cp.async" runs that kernel only (default: both).
+  // Optional third argument: "ws", "ws_split" or "cp.async" runs that kernel only (default: all three).
   const std::string only = argc > 3 ? argv[3] : "";
   for (const Case& c : cases) {
-    for (bool ws : {false, true}) {
-      if (!only.empty() && only != (ws ? "ws" : "cp.async")) continue;
-      emu_cases::run_counted(c, rng, case_run(c, ws), failed, ran);
+    for (const char* kernel : {"cp.async", "ws", "ws_split"}) {
+      if (!only.empty() && only != kernel) continue;
+      const std::string k = kernel;
+      emu_cases::run_counted(c, rng, case_run(c, k != "cp.async", k == "ws_split"), failed, ran);
     }
   }
   std::printf("%d of %d cases failed\n", failed, ran);

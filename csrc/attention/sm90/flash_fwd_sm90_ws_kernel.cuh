@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t bar_q = sBar;
   auto full_k = [&](int s) { return sBar + 8u * (1 + s); };
   auto full_v = [&](int s) { return sBar + 8u * (1 + Tr::kStages + s); };
+  // empty: the slot's release (K and V together), or with kSplitRelease K's; empty_v: V's release.
   auto empty = [&](int s) { return sBar + 8u * (1 + 2 * Tr::kStages + s); };
+  auto empty_v = [&](int s) { return sBar + 8u * (1 + 3 * Tr::kStages + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -67,6 +69,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_init(full_k(s), 1);
       mbar_init(full_v(s), 1);
       mbar_init(empty(s), Tr::kConsumerThreads);
+      if constexpr (Tr::kSplitRelease) mbar_init(empty_v(s), Tr::kConsumerThreads);
     }
     mbar_fence_init();
   }
@@ -82,19 +85,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int b = 0; b < Tr::kColBlocks; ++b)
         tma_load_4d(sQ + b * Tr::kBlockM * 128, &maps.q, bar_q, 64 * b, cta.m0, cta.head, cta.batch);
-      for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % Tr::kStages;
-        // Round r of slot s waits for the consumers' r-th release (phase r − 1); round 0 passes.
-        mbar_wait(empty(s), ((it / Tr::kStages) & 1) ^ 1);
-        const int n0 = cta.key0(it);
+      auto load_k = [&](int s, int n0) {  // slot s, keys from n0
         mbar_arrive_expect_tx(full_k(s), Tr::kKVBytes);
 #pragma unroll
         for (int b = 0; b < Tr::kColBlocks; ++b)
           tma_load_4d(sK + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.k, full_k(s), 64 * b, n0, cta.head_kv, cta.batch);
+      };
+      auto load_v = [&](int s, int n0) {
         mbar_arrive_expect_tx(full_v(s), Tr::kKVBytes);
 #pragma unroll
         for (int b = 0; b < Tr::kColBlocks; ++b)
           tma_load_4d(sV + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.v, full_v(s), 64 * b, n0, cta.head_kv, cta.batch);
+      };
+      // Round r of a slot waits for the consumers' r-th release of it (phase r − 1); round 0 passes.
+      auto released = [](int it) { return ((it / Tr::kStages) & 1) ^ 1; };
+      if constexpr (Tr::kSplitRelease) {
+        // K_{i+1} before V_i: the consumers need K_{i+1} (for S_{i+1}) before they are done with V_i.
+        if (n_tiles > 0) load_k(0, cta.key0(0));
+        for (int it = 0; it < n_tiles; ++it) {
+          if (it + 1 < n_tiles) {
+            mbar_wait(empty((it + 1) % Tr::kStages), released(it + 1));
+            load_k((it + 1) % Tr::kStages, cta.key0(it + 1));
+          }
+          mbar_wait(empty_v(it % Tr::kStages), released(it));
+          load_v(it % Tr::kStages, cta.key0(it));
+        }
+      } else {
+        for (int it = 0; it < n_tiles; ++it) {
+          const int s = it % Tr::kStages;
+          mbar_wait(empty(s), released(it));
+          const int n0 = cta.key0(it);
+          load_k(s, n0);
+          load_v(s, n0);
+        }
       }
     }
     return;
@@ -137,6 +160,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, s * Tr::kKVBytes));
   };
   auto softmax = [&](int it) { cta.softmax(p, it, sc, alpha, rs, limit_base, t); };
+  // The consumers' releases: K_it once S_it has landed (kSplitRelease), V_it (or the whole slot) once
+  // P_it V_it has.
+  auto release_k = [&](int it) {
+    if constexpr (Tr::kSplitRelease) mbar_arrive(empty(it % Tr::kStages));
+  };
+  auto release_v = [&](int it) {
+    mbar_arrive(Tr::kSplitRelease ? empty_v(it % Tr::kStages) : empty(it % Tr::kStages));
+  };
   auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < Tr::kORegs; ++i) acc[i] *= alpha[(i / 2) % 2];
@@ -150,6 +181,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(sc);
+    release_k(0);
     softmax(0);
     rescale_and_pack();
     for (int it = 1; it < n_tiles; ++it) {
@@ -162,10 +194,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_commit();
       wgmma_wait<1>();  // S_it has landed; P_{it-1} V_{it-1} may still run
       fence_operands(sc);
+      release_k(it);  // this thread's reads of K_it are done
       softmax(it);
       wgmma_wait<0>();
       fence_operands(acc);
-      mbar_arrive(empty((it - 1) % Tr::kStages));  // this thread's reads of slot it − 1 are done
+      release_v(it - 1);  // and of V_{it-1} (without kSplitRelease: of slot it − 1)
       rescale_and_pack();
     }
     fence_operands(acc);
@@ -175,7 +208,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(acc);
-    mbar_arrive(empty((n_tiles - 1) % Tr::kStages));
+    release_v(n_tiles - 1);
   }
 
   // Epilogue: the warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and

@@ -26,11 +26,17 @@ constexpr int ws_block_n() {
   return kHeadDim == 64 ? 112 : kHeadDim == 128 ? 128 : 64;
 }
 
-template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>()>
+// kSplitRelease: K and V slots released apart (FA3's order). A consumer frees K_i as soon as S_i = Q K_iᵀ
+// has landed (before its softmax) and V_i once P_i V_i has; the producer loads K_{i+1} before V_i. The
+// slot held by the P V in flight is then only V's, so with two slots the producer still runs a K tile
+// ahead: what the 144-176-key tiles at D = 128 and the two-slot D = 256 tile lack (see above). Off in
+// every default tile until the sweep's kWsSplit rows measure it (not yet run on a GPU, 2026-11-27).
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>(), bool kSplitRelease_ = false>
 struct WsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kConsumers_;
+  static constexpr bool kSplitRelease = kSplitRelease_;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;
@@ -45,8 +51,10 @@ struct WsTraits {
   // D = 128: 3 at 128 keys, 2 at 144-176; D = 256: 2). Two slots stall the consumers (see above). The + 1024: the dynamic shared memory base is
   // aligned up to the swizzle atom inside the kernel.
   static constexpr int kSmemLimit = 232448;
-  static constexpr int kStages = std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * 13) / (2 * kKVBytes));
-  static constexpr int kBarriers = 1 + 3 * kStages;  // Q full; K full, V full, empty per slot
+  static constexpr int kBarriersPerSlot = kSplitRelease ? 4 : 3;  // K full, V full, and one empty or K / V empty
+  static constexpr int kStages =
+      std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * (1 + 4 * kBarriersPerSlot)) / (2 * kKVBytes));
+  static constexpr int kBarriers = 1 + kBarriersPerSlot * kStages;  // + Q full
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
   // Register budgets after setmaxnreg (FA3's): the CTA's 64 K registers, which __launch_bounds__(kThreads,
   // 1) spreads evenly at launch (168 or 128 a thread), move to the consumers: 24 x 128 + 240 x 256 or

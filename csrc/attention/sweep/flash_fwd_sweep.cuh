@@ -32,6 +32,8 @@ constexpr unsigned kFL = kFold | kLean;  // the two instruction-count cuts, on t
 // included) and stages are what WsTraits derives, listed for the report. Built on sm_90 only. Adopt
 // a pick in ws_consumers / ws_block_n (that header), by hand.
 constexpr unsigned kWs = 1u << 16;
+// With kWs: K and V slots released apart (WsTraits::kSplitRelease).
+constexpr unsigned kWsSplit = 1u << 17;
 }  // namespace sweep_flags
 
 // One row per line, each starting with `{<head dim>,` (benchmarks/sweep_cuda_attention.py counts
@@ -75,6 +77,12 @@ constexpr SweepVariant kSweep[] = {
     {128, 128, 144, 12, 2, F kWs, 1, "+2-4% non-causal: 12% fewer key tiles (softmax rounds, waits), two slots instead of three"},
     {128, 128, 160, 12, 2, F kWs, 1, "+3-6% non-causal (FA3 picks 176): 20% fewer key tiles; the causal diagonal wastes more: -2-0% causal"},
     {256, 128, 64, 12, 2, F kWs, 1, "reference: the D = 256 tile (the only one without spills here)"},
+    // K and V released apart (kWsSplit: FA3's order; emulated, not yet run on a GPU, 2026-11-27): the P V in
+    // flight holds only V's slot, so two slots keep a K tile of lead.
+    {128, 128, 128, 12, 3, F kWs | F kWsSplit, 1, "against the reference: the release split alone (+0-2%: three slots already keep the producer ahead)"},
+    {128, 128, 144, 12, 2, F kWs | F kWsSplit, 1, "144 keys with two slots, K freed before the softmax: the 30% loss of the unsplit 144 gone if the lead was what it lacked"},
+    {128, 128, 160, 12, 2, F kWs | F kWsSplit, 1, "160 keys, split: FA3's shape class (its 176 spills here); +3-6% over the reference if the lead suffices"},
+    {256, 128, 64, 12, 2, F kWs | F kWsSplit, 1, "D = 256, split: its two slots are the same limit (0.67-0.83x cuDNN on the H200)"},
 #undef F
 };
 // clang-format on
@@ -88,7 +96,8 @@ constexpr bool kSweepWs = (kSweep[I].flags & sweep_flags::kWs) != 0;
 // (std::conditional_t only names the other branch's type: nothing of it is instantiated.)
 template <int I>
 using SweepTraits = std::conditional_t<kSweepWs<I>,
-                                       flash_fwd_sm90::WsTraits<kSweep[I].head_dim, kSweep[I].block_n, kSweep[I].block_m / 64>,
+                                       flash_fwd_sm90::WsTraits<kSweep[I].head_dim, kSweep[I].block_n, kSweep[I].block_m / 64,
+                                                                (kSweep[I].flags & sweep_flags::kWsSplit) != 0>,
                                        Traits<kSweep[I].head_dim, SweepCfg<I>>>;
 
 // The registry of the sweep build: sweep/flash_fwd_sweep.cu registers each variant it instantiates
