@@ -161,8 +161,8 @@ class E2ESuite:
                     with torch.no_grad():
                         return m(input_ids=x, use_cache=False, logits_to_keep=1)
                 # A 512-token prefill of the 1B shape is host-bound (~14 ms): its ratio read 1.06x
-                # and 0.78x in two runs of the same code on the H100 machine (2026-11-27), both
-                # models 1.6x slower in the second. Passes are cheap here: many, all kept.
+                # and 0.78x in two runs with the same prefill path on the H100 machine (2026-11-27),
+                # "sdpa" 1.6x and ours 2.2x slower in the second. Passes are cheap here: many, all kept.
                 passes: dict = {}
                 t = _pair({"tiled_attn": lambda: fwd(ours), "sdpa": lambda: fwd(theirs)},
                           max(4 * repeats + 1, 21), device, warmup=2, samples=passes)

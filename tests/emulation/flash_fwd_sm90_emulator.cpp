@@ -555,14 +555,13 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
 bool g_ws_split = false;
 template <class Tr, typename T>
 cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t) {
-  using Split = WsTraits<Tr::kHeadDim, Tr::kBlockN, Tr::kConsumers, true>;
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  if (g_ws_split) {
-    return emu::launch_grid<Split>(params, batch_heads, kMaxGridY, m_blocks, 1,
-                                   [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<Split, T>(p, maps); });
-  }
-  return emu::launch_grid<Tr>(params, batch_heads, kMaxGridY, m_blocks, 1,
-                              [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<Tr, T>(p, maps); });
+  auto run = [&](auto traits) {
+    using R = decltype(traits);
+    return emu::launch_grid<R>(params, batch_heads, kMaxGridY, m_blocks, 1,
+                               [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<R, T>(p, maps); });
+  };
+  return g_ws_split ? run(WsTraits<Tr::kHeadDim, Tr::kBlockN, Tr::kConsumers, true>{}) : run(Tr{});
 }
 // cuTensorMapEncodeTiled's rules that matter here (CUDA driver API docs): a 16-byte aligned base,
 // byte strides multiples of 16 below 2^40, dims in [1, 2^32], a box of at most 256 rows whose inner

@@ -85,18 +85,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int b = 0; b < Tr::kColBlocks; ++b)
         tma_load_4d(sQ + b * Tr::kBlockM * 128, &maps.q, bar_q, 64 * b, cta.m0, cta.head, cta.batch);
-      auto load_k = [&](int s, int n0) {  // slot s, keys from n0
-        mbar_arrive_expect_tx(full_k(s), Tr::kKVBytes);
+      // One K or V tile (keys from n0) into slot s of its ring (base), completing barrier `full`.
+      auto load = [&](uint32_t base, const CUtensorMap* map, uint32_t full, int s, int n0) {
+        mbar_arrive_expect_tx(full, Tr::kKVBytes);
 #pragma unroll
         for (int b = 0; b < Tr::kColBlocks; ++b)
-          tma_load_4d(sK + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.k, full_k(s), 64 * b, n0, cta.head_kv, cta.batch);
+          tma_load_4d(base + s * Tr::kKVBytes + b * Tr::kBlockN * 128, map, full, 64 * b, n0, cta.head_kv, cta.batch);
       };
-      auto load_v = [&](int s, int n0) {
-        mbar_arrive_expect_tx(full_v(s), Tr::kKVBytes);
-#pragma unroll
-        for (int b = 0; b < Tr::kColBlocks; ++b)
-          tma_load_4d(sV + s * Tr::kKVBytes + b * Tr::kBlockN * 128, &maps.v, full_v(s), 64 * b, n0, cta.head_kv, cta.batch);
-      };
+      auto load_k = [&](int s, int n0) { load(sK, &maps.k, full_k(s), s, n0); };
+      auto load_v = [&](int s, int n0) { load(sV, &maps.v, full_v(s), s, n0); };
       // Round r of a slot waits for the consumers' r-th release of it (phase r − 1); round 0 passes.
       auto released = [](int it) { return ((it / Tr::kStages) & 1) ^ 1; };
       if constexpr (Tr::kSplitRelease) {
