@@ -2,7 +2,7 @@
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
 #                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax
-#                                 sweep_softmax_random profile probe_decode bench bench2 pack
+#                                 sweep_softmax_random profile probe_decode probe_two_parts bench bench2 pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
@@ -94,6 +94,9 @@ for s in "$@"; do
     sweep_softmax_random) stage sweep_softmax_random "${SWEEP_RANDOM_TIMEOUT:-430}" python benchmarks/sweep_softmax_random.py \
             --out "$OUT/softmax_random" --budget "${SWEEP_RANDOM_BUDGET:-400}" --jobs "${TEST_WORKERS:-12}" ;;
     # e2e decode, "tiled_attn" vs "sdpa": interleaved generate() passes and where a step's time goes.
+    # The Triton forward's head dim in one padded tile or two power-of-two parts, against cuDNN.
+    probe_two_parts) stage probe_two_parts "${PROBE_TIMEOUT:-200}" python benchmarks/probe_two_parts.py \
+            --out "$OUT/probe_two_parts.json" ${PROBE_ARGS:-} ;;
     probe_decode) stage probe_decode "${PROBE_TIMEOUT:-200}" python benchmarks/probe_e2e_decode.py --out "$OUT" ${PROBE_ARGS:-} ;;
     bench) stage bench "${BENCH_TIMEOUT:-420}" python -m benchmarks --out "$OUT/results" ${BENCH_ARGS:-} ;;
     # A second benchmark run in the same call: --providers filters every suite it names, so suites

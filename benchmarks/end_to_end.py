@@ -37,6 +37,7 @@ from . import harness as h
 # Our Triton attention kernels (the CUDA default backend) by name; torch's SDPA kernels on CUDA by
 # fragments of theirs (FA2 "pytorch_flash::", cuDNN's generated SDPA kernels, mem-efficient "fmha").
 OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_merge_kernel",
+                "attention_fwd_d2_kernel",  # head dims such as 96 and 192, in two parts
                 "attention_fwd_ext_kernel", "attention_decode_ext_kernel",  # masks, varlen, caches
                 "attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
 BACKWARD_KERNELS = ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
@@ -204,7 +205,7 @@ class E2ESuite:
                 m.eval()
             k_train = _kernels(lambda: step(ours), device)
             train_ours, train_theirs = _which(k_train)
-            train_ran = (any("attention_fwd_kernel" in n for n in train_ours)
+            train_ran = (any("attention_fwd_kernel" in n or "attention_fwd_d2_kernel" in n for n in train_ours)
                          and all(any(b in n for n in train_ours) for b in BACKWARD_KERNELS))
             t = _pair({"tiled_attn": lambda: step(ours), "sdpa": lambda: step(theirs)}, max(2, repeats - 2), device)
             label = f"{cname} training step N={x.shape[1]} (ms)"

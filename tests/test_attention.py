@@ -506,14 +506,15 @@ VARIANTS = {"fma": dict(FMA=True), "late_l": dict(LATE_L=True), "offs": dict(ADD
             "tma": dict(ADDR="tma"), "all": dict(FMA=True, LATE_L=True, ADDR="offs")}
 
 
-@pytest.mark.parametrize("kernel", ["fwd", "decode"])
+@pytest.mark.parametrize("kernel,d", [("fwd", 40), ("fwd", 48), ("decode", 40)])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.float16, False),
                                           (torch.float32, True)], ids=["bf16-causal", "fp16", "fp32-causal"])
-def test_kernel_variants(kernel, variant, dtype, causal, monkeypatch, seed):
+def test_kernel_variants(kernel, d, variant, dtype, causal, monkeypatch, seed):
     """FMA (raw scores, exp2 argument as one FMA), LATE_L (row sum after P·V), ADDR "offs" (pointers
     rebuilt per tile) and "tma" (tensor descriptors; float32 and the interpreter's bfloat16 fall back
-    to "offs") on the interpreter's rows, against float64, with a ragged head dim (masked loads)."""
+    to "offs") on the interpreter's rows, against float64: at D = 40 a ragged head dim (masked
+    loads), at D = 48 the forward's two head-dim parts (32 + 16; 16-bit) or, at float32, a ragged one."""
     device = _require("triton", dtype)
     for key in (("fwd", "cpu", "*", "*", "*", "*"), ("decode", "cpu", "*", "*", "*", "*")):
         monkeypatch.setitem(configs.TRITON_ATTENTION, key, {**configs.TRITON_ATTENTION[key], **VARIANTS[variant]})
@@ -522,9 +523,51 @@ def test_kernel_variants(kernel, variant, dtype, causal, monkeypatch, seed):
         _use_cpu_rows(monkeypatch)
     gen = torch.Generator().manual_seed(seed)
     nq = 40 if kernel == "fwd" else 3
-    q, k, v = _qkv(1, 4, 2, nq, 75, 48, dtype, device, gen)
+    q, k, v = _qkv(1, 4, 2, nq, 75, d, dtype, device, gen)
     out, lse = _triton_direct(q, k, v, 0.2, causal, 75 - nq, kernel=kernel, num_splits=2)
     _check(out, lse, q, k, v, causal, 75 - nq, 0.2, seed, f"{kernel} {variant}")
+
+
+def test_head_parts():
+    """Which head dims the forward splits into two power-of-two parts: exactly the sums of two
+    powers of two >= 16 that are no power of two (a padded single tile would do more work)."""
+    from tiled_attn.triton.attention import head_parts
+    split = {d: head_parts(d) for d in range(1, 257) if head_parts(d)}
+    assert split == {48: (32, 16), 80: (64, 16), 96: (64, 32), 144: (128, 16), 160: (128, 32),
+                     192: (128, 64)}
+
+
+@pytest.mark.parametrize("d", [48, 96, 192])
+@pytest.mark.parametrize("layout", ["contiguous", "d_strided", "packed_gqa"])
+@pytest.mark.parametrize("addr", ["ptr", "offs", "tma"])
+def test_two_part_head_dim(d, layout, addr, monkeypatch, seed):
+    """attention_fwd_d2_kernel (TWO_PARTS): the plan picks it for these head dims, and it meets the
+    rule with every K/V addressing, through strides (a head dim that is not innermost: no TMA there),
+    causal with Nq < Nk and GQA, fp16 and bf16 by the seed."""
+    from tiled_attn.triton import attention as triton_attention
+    dtype = (torch.float16, torch.bfloat16)[seed % 2]
+    device = _require("triton", dtype)
+    key = ("fwd", "cpu", "*", "*", "*", "*")
+    monkeypatch.setitem(configs.TRITON_ATTENTION, key, {**configs.TRITON_ATTENTION[key], "TWO_PARTS": True,
+                                                        "ADDR": addr})
+    monkeypatch.setattr(configs, "TRITON_TMA_MIN_FLOPS", 0)
+    if device == "cuda":
+        _use_cpu_rows(monkeypatch)
+    gen = torch.Generator().manual_seed(seed)
+    nq, nk = 37, 70
+    if layout == "contiguous":
+        q, k, v = _qkv(1, 4, 2, nq, nk, d, dtype, device, gen)
+    elif layout == "d_strided":  # (B, D, H, N) storage seen as (B, H, N, D)
+        q = randn((1, d, 4, nq), dtype, device, gen).permute(0, 2, 3, 1)
+        k = randn((1, d, 2, nk), dtype, device, gen).permute(0, 2, 3, 1)
+        v = randn((1, d, 2, nk), dtype, device, gen).permute(0, 2, 3, 1)
+    else:
+        q, k, v = _packed_qkv(1, nk, 4, 2, d, dtype, device, gen)
+        q = q[:, :, nk - nq:]
+    plan = triton_attention.plan(q, k, True, nk - nq, kernel="fwd")
+    assert (plan["BLOCK_D"], plan["BLOCK_D2"]) == triton_attention.head_parts(d)
+    out, lse = _triton_direct(q, k, v, d ** -0.5, True, nk - nq, kernel="fwd")
+    _check(out, lse, q, k, v, True, nk - nq, d ** -0.5, seed, f"two parts D={d} {layout} {addr}")
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "decode"])
@@ -597,13 +640,14 @@ def test_plan_cache_follows_the_table(monkeypatch):
 def _sm90_attention_builds(which: str = "shipped"):
     """(label, kernel, dtype, constexprs, options) for the forward, decode and merge kernels: with
     which="shipped" at the config every sm90 (bf16, fp32; fp16 shares the bf16 rows) × D ∈ {40, 64,
-    96, 128, 224, 256} × causal × size-class lookup returns; with "candidates" at every candidate of
+    96, 128, 192, 224, 256} × causal × size-class lookup returns (attention_fwd_d2_kernel where the
+    row splits the head dim, as the plan does); with "candidates" at every candidate of
     the tuning sweep (bf16, both causal modes). Contiguous inputs: strides divisible by 16, unit
     stride on D. Decode is built at its two packed tiles: 16 rows (Nq·G = 4, the benchmark) and
     the row's largest."""
     from tiled_attn.triton import attention as ta_triton
     from tiled_attn.triton.attention_decode import attention_decode_kernel, attention_merge_kernel
-    from tiled_attn.triton.attention_fwd import attention_fwd_kernel
+    from tiled_attn.triton.attention_fwd import attention_fwd_d2_kernel, attention_fwd_kernel
     bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
@@ -612,7 +656,7 @@ def _sm90_attention_builds(which: str = "shipped"):
     if which == "shipped":
         for kernel in ("fwd", "decode"):
             for dt, torch_dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-                for d in (40, 64, 96, 128, 224, 256):
+                for d in (40, 64, 96, 128, 192, 224, 256):
                     for causal in (False, True):
                         for n_k in (512, 4096):
                             row = ta_triton.config(kernel, torch.device("cpu"), torch_dt, d, causal, n_k, "sm90")
@@ -636,7 +680,12 @@ def _sm90_attention_builds(which: str = "shipped"):
                      LATE_L=bool(row["LATE_L"]), SPLIT_D=block_d // ta_triton.SPLIT_D_CHUNK if fp32 else 1,
                      ACCURATE=fp32, ADDR=addr)
         opts = dict(num_warps=row["num_warps"], num_stages=row["num_stages"])
-        if kernel == "fwd":
+        parts = ta_triton.head_parts(d) if kernel == "fwd" and row.get("TWO_PARTS") and not fp32 else None
+        if parts is not None:
+            const = {k: v for k, v in const.items() if k not in ("EVEN_D", "SPLIT_D", "ACCURATE")}
+            const.update(BLOCK_D=parts[0], BLOCK_D2=parts[1])
+            variants = [(attention_fwd_d2_kernel, dict(const, BLOCK_M=row["BLOCK_M"]))]
+        elif kernel == "fwd":
             variants = [(attention_fwd_kernel, dict(const, BLOCK_M=row["BLOCK_M"]))]
         else:
             variants = [(attention_decode_kernel, dict(const, BLOCK_M=bm, SPLIT=True))
@@ -675,9 +724,11 @@ def _compile_one(which: str, index: int) -> str:
     for i, name in enumerate(kern.arg_names):
         if name in consts:
             signature[name] = "constexpr"
-        elif name in ("Q", "K", "V", "Out"):
+        elif name in ("Q", "K", "V", "K2", "V2", "Out"):
             if const.get("ADDR") == "tma" and name in ("K", "V"):
                 signature[name] = f"tensordesc<{dt}[1, 1, {const['BLOCK_N']}, {const['BLOCK_D']}]>"
+            elif const.get("ADDR") == "tma" and name in ("K2", "V2"):
+                signature[name] = f"tensordesc<{dt}[1, 1, {const['BLOCK_N']}, {const['BLOCK_D2']}]>"
             else:
                 signature[name] = "*" + dt
                 attrs[(i,)] = [["tt.divisibility", 16]]

@@ -788,24 +788,24 @@ SOFTMAX_SELECT: dict = _Table({
 TRITON_TMA_MIN_FLOPS = 1.2e10
 
 # The kernel-structure fields a row may leave out: the first version's kernel.
-TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr"}
+TRITON_ATTENTION_DEFAULTS = {"FMA": False, "LATE_L": False, "ADDR": "ptr", "TWO_PARTS": False}
 _DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 256, "merge_warps": 4}
 _SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 512, "merge_warps": 4}
 # The sm90 rows by (kernel, D class, causal, size class): bf16 and fp16 take the same row (the
 # same tensor-core rate and tile sizes). Where they come from: the comment in TRITON_ATTENTION.
 _SM90_ROWS = {
-    ("fwd", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-    ("fwd", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma"},
-    ("fwd", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
-    ("fwd", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "TWO_PARTS": True},
+    ("fwd", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d256", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
     ("decode", "d128", "*", "*"): dict(_SM90_DECODE),
 }
 TRITON_ATTENTION: dict = _Table({
@@ -828,7 +828,8 @@ TRITON_ATTENTION: dict = _Table({
                                                 **_DECODE_HEURISTICS},
     ("decode", "any", "fp32", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2,
                                                 **_DECODE_HEURISTICS},
-    ("fwd", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1},
+    ("fwd", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1,
+                                          "TWO_PARTS": True},
     ("decode", "cpu", "*", "*", "*", "*"): {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 1, "num_stages": 1,
                                              "max_rows": 64, "max_q": 8, "waves": 1,
                                              "min_split_keys": 32, "merge_warps": 1},

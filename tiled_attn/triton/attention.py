@@ -28,7 +28,7 @@ from .. import _plan, configs
 from . import online
 from .launch import Launch, interpreted
 from .attention_decode import attention_decode_ext_kernel, attention_decode_kernel, attention_merge_kernel
-from .attention_fwd import attention_fwd_ext_kernel, attention_fwd_kernel
+from .attention_fwd import attention_fwd_d2_kernel, attention_fwd_ext_kernel, attention_fwd_kernel
 
 __all__ = ["plan_forward", "attention_forward", "config", "plan"]
 
@@ -61,6 +61,18 @@ def merge_tile(splits: int, block_d: int) -> int:
 
 def d_class(d: int) -> str:
     return "d64" if d <= 64 else "d128" if d <= 128 else "d256"
+
+
+def head_parts(d: int) -> tuple[int, int] | None:
+    """(BLOCK_D, BLOCK_D2) of attention_fwd_d2_kernel for head dim d, when d is the sum of two
+    powers of two >= MIN_DOT that is no power of two itself (48, 80, 96, 144, 160, 192): the
+    padded single tile would multiply zero columns (a third of the work at 96 and 192); None
+    otherwise."""
+    first = 1 << (d.bit_length() - 1) if d > 0 else 0
+    rest = d - first
+    if first >= MIN_DOT and rest >= MIN_DOT and rest & (rest - 1) == 0:
+        return first, rest
+    return None
 
 
 def size_class(n_k: int) -> str:
@@ -148,9 +160,13 @@ def plan(q: torch.Tensor, k: torch.Tensor, causal: bool, causal_offset: int, *,
         kernel = "decode" if n_q * group <= dec["max_rows"] or n_q <= dec["max_q"] else "fwd"
     cfg = config(kernel, q.device, q.dtype, d, causal, n_k)
     p = {"kernel": kernel, "causal": causal, "offset": offset, "group": group,
-         "BLOCK_D": max(MIN_DOT, _pow2(d)), **cfg}
+         "BLOCK_D": max(MIN_DOT, _pow2(d)), "BLOCK_D2": 0, **cfg}
     if kernel == "fwd":
         p["m_tiles"] = _cdiv(n_q, cfg["BLOCK_M"])
+        # Two head-dim parts: 16-bit inputs (float32 chunks its dot by SPLIT_D instead).
+        parts = head_parts(d) if cfg["TWO_PARTS"] and q.dtype != torch.float32 else None
+        if parts is not None:
+            p["BLOCK_D"], p["BLOCK_D2"] = parts
         return p
     rows = n_q * group
     p["BLOCK_M"] = max(MIN_DOT, min(cfg["BLOCK_M"], _pow2(rows)))
@@ -182,6 +198,9 @@ def _launch_plan(q, k, causal, causal_offset, kernel, num_splits, positive_scale
         PRECISION="ieee" if fp32 or upcast else "tf32",
         UPCAST=upcast, RAW=raw, FMA=raw and bool(p["FMA"]), LATE_L=bool(p["LATE_L"]),
         SPLIT_D=split_d, ACCURATE=fp32, num_warps=p["num_warps"], num_stages=p["num_stages"])
+    if p["BLOCK_D2"]:  # attention_fwd_d2_kernel: both parts whole, 16-bit
+        del const["EVEN_D"], const["SPLIT_D"], const["ACCURATE"]
+        const["BLOCK_D2"] = p["BLOCK_D2"]
     lp = {"kernel": p["kernel"], "const": const, "offset": p["offset"], "group": p["group"],
           "m_tiles": p["m_tiles"], "n_q": n_q, "n_k": k.shape[2], "d": d, "heads": hq,
           # TMA: 16-bit only (the chunked float32 dot loads K in another shape), never in the
@@ -250,6 +269,10 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
     block = [1, 1, const["BLOCK_N"], const["BLOCK_D"]]
     k_desc = (list(k.shape), list(sk), block)
     v_desc = (list(v.shape), list(sv), block)
+    two = const.get("BLOCK_D2", 0)
+    if two:  # the second head-dim part's descriptors: blocks BLOCK_D2 wide, read at head dim BLOCK_D
+        block2 = [1, 1, const["BLOCK_N"], two]
+        k_desc2, v_desc2 = (list(k.shape), list(sk), block2), (list(v.shape), list(sv), block2)
 
     def launches(addr: str) -> dict:
         meta = dict(const, WIDE=wide, ADDR=addr, STORE_LSE=store_lse)
@@ -257,6 +280,9 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
         # they are descriptors (made only from aligned bases). out, lse and the workspace come from
         # torch's allocator, which aligns every block to far more than 16 bytes.
         user = (0,) if addr == "tma" else (0, 1, 2)
+        if two:  # (q, k, v, k2, v2, out, lse): k2, v2 are k, v without TMA
+            return {"fwd": Launch(attention_fwd_d2_kernel, lp["grid"], meta, device,
+                                  (0,) if addr == "tma" else (0, 1, 2, 3, 4))}
         if lp["kernel"] == "fwd":
             return {"fwd": Launch(attention_fwd_kernel, lp["grid"], meta, device, user)}
         split = lp["splits"] > 1
@@ -269,6 +295,17 @@ def plan_forward(q, k, v, out, lse, scale: float, causal: bool, causal_offset: i
     plain = launches(lp["addr"])
     with_tma = launches("tma") if tma else None
     splits, split_len, rows, m_tiles = lp.get("splits", 1), lp.get("split_len"), lp.get("rows"), lp["m_tiles"]
+    if two:
+        plain_two = plain["fwd"].bind(*ints, qk_scale, m_tiles)
+        tma_two = with_tma["fwd"] if with_tma is not None else None
+
+        def run_two(q, k, v, out, lse):
+            if tma_two is not None and (k.data_ptr() | v.data_ptr()) % 16 == 0:
+                tma_two(q, _descriptor(k, *k_desc), _descriptor(v, *v_desc), _descriptor(k, *k_desc2),
+                        _descriptor(v, *v_desc2), out, lse, *ints, qk_scale, m_tiles)
+            else:
+                plain_two(q, k, v, k, v, out, lse)
+        return run_two
     if with_tma is None and "fwd" in plain:  # one launch: the plan calls it directly
         return plain["fwd"].bind(*ints, qk_scale, m_tiles)
     if with_tma is None and splits == 1:

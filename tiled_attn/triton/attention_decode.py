@@ -108,12 +108,13 @@ def decode_program(
     row_last = tl.max(tl.where(row_ok, i, -1), axis=0)
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh, 0,
-                        i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, hi, row_first, row_last, seq_k, offset,
-                        left, right, qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
-                        BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb, pages, page_e0,
-                        HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC)
+    acc, m, l, _ = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, b32, kvh, 0,
+                           i, dk_mask(d_ok, SPLIT_D), dv_ok, lo, hi, row_first, row_last, seq_k, offset,
+                           left, right, qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
+                           BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb, pages, page_e0,
+                           acc, q, k_src, v_src, k_tile, v_tile,  # no second head-dim part
+                           HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                           SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC, 0)
 
     # Flat (B, Hq, Nq) row index: the lse layout, and the workspace's leading dim.
     flat = (b * n_heads + h) * n_q + i

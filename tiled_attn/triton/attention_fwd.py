@@ -145,13 +145,13 @@ def page_vector(bt_src, lo, n_entries, page_size, PAGE_VEC: tl.constexpr):
 def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
-            pages, page_e0,
+            pages, page_e0, acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
             MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
             ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr):
-    """Fold keys [lo, hi) (lo a multiple of BLOCK_N) into (acc, m, l) for the query tile q.
+            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """Fold keys [lo, hi) (lo a multiple of BLOCK_N) into (acc, m, l, acc2) for the query tile q.
 
     The last tile of a MASKED range is cut by n_k and the window, not by hi: so hi must be n_k,
     a multiple of BLOCK_N or the window's own edge (masks.kv_ranges' ranges are), or keys past hi
@@ -175,7 +175,16 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     truncates instead of rounding to nearest. There the operands are widened to float32 (exact) and
     multiplied with PRECISION = "ieee", accumulating in float32 as the tensor cores do, and p is
     rounded to the bfloat16 grid on its bits (bf16_grid), so the CPU tests see the GPU's numerics.
+
+    BLOCK_D2 > 0: the head dim is two power-of-two parts, head dims [0, BLOCK_D) in (q, k, v, acc)
+    and [BLOCK_D, BLOCK_D + BLOCK_D2) in (q2, k2, v2, acc2) (fwd_program's doc says why); k_src2/
+    v_src2 point at head dim BLOCK_D (with "tma": descriptors of BLOCK_D2-wide blocks), k_tile2/
+    v_tile2 are that part's in-tile offsets. Neither part is ragged (EVEN_D), nothing is paged and
+    SPLIT_D is 1. BLOCK_D2 = 0: acc2, q2, k_src2, v_src2, k_tile2 and v_tile2 are never read and
+    acc2 comes back as it came.
     """
+    if BLOCK_D2 > 0:
+        tl.static_assert(EVEN_D and SPLIT_D == 1 and not PAGED)
     offs_n = tl.arange(0, BLOCK_N)
     if ADDR == "ptr":
         # Pointer steps in 64 bits: BLOCK_N·stride can pass 2^31 for a huge key stride.
@@ -183,6 +192,9 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         v_ptrs = v_src + tl.cast(lo, tl.int64) * stride_vn + v_tile
         k_step = tl.full([], BLOCK_N, tl.int64) * stride_kn
         v_step = tl.full([], BLOCK_N, tl.int64) * stride_vn
+        if BLOCK_D2 > 0:
+            k_ptrs2 = k_src2 + tl.cast(lo, tl.int64) * stride_kn + k_tile2
+            v_ptrs2 = v_src2 + tl.cast(lo, tl.int64) * stride_vn + v_tile2
     if PAGED:
         # The tile's pointers are formed once; each page then moves them by one 64-bit scalar
         # (two integer adds a pointer, as the dense "ptr" step) instead of re-deriving every
@@ -191,6 +203,8 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         v_tile_ptrs = v_src + v_tile
     if UPCAST:
         q = q.to(tl.float32)
+        if BLOCK_D2 > 0:
+            q2 = q2.to(tl.float32)
     # Loads are written out here rather than through a helper: each nested jit call costs ~0.3-2 ms
     # in the interpreter, per key tile. The masks exist only where a constexpr says the tile can
     # be ragged, so the unmasked loop issues plain (vectorized, pipelined) loads.
@@ -200,6 +214,9 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         if ADDR == "tma":
             k = k_src.load([kv_b, kv_h, kv_row0 + start, 0]).reshape(BLOCK_N, BLOCK_D)
             v = v_src.load([kv_b, kv_h, kv_row0 + start, 0]).reshape(BLOCK_N, BLOCK_D)
+            if BLOCK_D2 > 0:
+                k2 = k_src2.load([kv_b, kv_h, kv_row0 + start, BLOCK_D]).reshape(BLOCK_N, BLOCK_D2)
+                v2 = v_src2.load([kv_b, kv_h, kv_row0 + start, BLOCK_D]).reshape(BLOCK_N, BLOCK_D2)
         else:
             if PAGED:
                 # Page indices are clamped into the cache: a bad table entry (possible only where
@@ -230,6 +247,9 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             elif ADDR == "offs":
                 k_ptrs = k_src + tl.cast(start, tl.int64) * stride_kn + k_tile
                 v_ptrs = v_src + tl.cast(start, tl.int64) * stride_vn + v_tile
+                if BLOCK_D2 > 0:
+                    k_ptrs2 = k_src2 + tl.cast(start, tl.int64) * stride_kn + k_tile2
+                    v_ptrs2 = v_src2 + tl.cast(start, tl.int64) * stride_vn + v_tile2
             if MASKED:
                 if SPLIT_D > 1:
                     k_mask = key_ok[None, None, :]
@@ -240,8 +260,12 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
                     k_mask = k_mask & dk_ok
                     v_mask = v_mask & dv_ok
                 k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+                if BLOCK_D2 > 0:
+                    k2 = tl.load(k_ptrs2, mask=key_ok[:, None], other=0.0)
             elif EVEN_D:
                 k = tl.load(k_ptrs)
+                if BLOCK_D2 > 0:
+                    k2 = tl.load(k_ptrs2)
             else:
                 k = tl.load(k_ptrs, mask=dk_ok, other=0.0)
         if UPCAST:
@@ -250,6 +274,10 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             s = tl.sum(tl.dot(q, k, input_precision=PRECISION), axis=0)
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if BLOCK_D2 > 0:
+            if UPCAST:
+                k2 = k2.to(tl.float32)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=PRECISION)
         if SOFTCAP:
             s, _ = masks.softcap(s, cap_in, cap_out, PRECISION == "ieee")
         elif not RAW:
@@ -273,8 +301,12 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
         if ADDR != "tma":
             if MASKED:
                 v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+                if BLOCK_D2 > 0:
+                    v2 = tl.load(v_ptrs2, mask=key_ok[:, None], other=0.0)
             elif EVEN_D:
                 v = tl.load(v_ptrs)
+                if BLOCK_D2 > 0:
+                    v2 = tl.load(v_ptrs2)
             else:
                 v = tl.load(v_ptrs, mask=dv_ok, other=0.0)
         # 16-bit inputs: p is rounded to the input dtype for the tensor-core P·V, as in FlashAttention.
@@ -282,51 +314,59 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
             bits = p.to(tl.uint32, bitcast=True)
             p_dot = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
             v = v.to(tl.float32)
+            if BLOCK_D2 > 0:
+                v2 = v2.to(tl.float32)
         else:
             p_dot = p.to(v.dtype)
         acc = tl.dot(p_dot, v, acc * alpha[:, None], input_precision=PRECISION)
+        if BLOCK_D2 > 0:
+            acc2 = tl.dot(p_dot, v2, acc2 * alpha[:, None], input_precision=PRECISION)
         if LATE_L:
             l = online.update_sum(l, p, alpha)
         if ADDR == "ptr":
             k_ptrs += k_step
             v_ptrs += v_step
-    return acc, m, l
+            if BLOCK_D2 > 0:
+                k_ptrs2 += k_step
+                v_ptrs2 += v_step
+    return acc, m, l, acc2
 
 
 @triton.jit
 def kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
             rows, dk_ok, dv_ok, lo, hi, row_first, row_last, n_k, offset, left, right, qk_scale,
             slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages, stride_kp, stride_vp,
-            pages, page_e0,
+            pages, page_e0, acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr, SPLIT_D: tl.constexpr,
             ADDR: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr,
-            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr):
+            PAGED: tl.constexpr, PAGE_VEC: tl.constexpr, BLOCK_D2: tl.constexpr):
     """Fold every key of [lo, hi) that rows row_first..row_last can see: the three ranges of
-    masks.kv_ranges (the masked head only where a window has a left edge)."""
+    masks.kv_ranges (the masked head only where a window has a left edge). The second head-dim
+    part (acc2 .. BLOCK_D2) is kv_loop's."""
     start, full_lo, full_hi, end = masks.kv_ranges(lo, hi, row_first, row_last, offset, left, right,
                                                    HAS_LEFT, HAS_RIGHT, BLOCK_N)
     if HAS_LEFT:
-        acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
-                            rows, dk_ok, dv_ok, start, full_lo, n_k, offset, left, right, qk_scale,
-                            slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                            stride_kp, stride_vp, pages, page_e0, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
-                            PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                            KEY_MASK, PAGED, PAGE_VEC)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
-                        rows, dk_ok, dv_ok, full_lo, full_hi, n_k, offset, left, right, qk_scale,
-                        slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                        stride_kp, stride_vp, pages, page_e0, False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
-                        PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                        KEY_MASK, PAGED, PAGE_VEC)
-    acc, m, l = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h, kv_row0,
-                        rows, dk_ok, dv_ok, full_hi, end, n_k, offset, left, right, qk_scale,
-                        slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
-                        stride_kp, stride_vp, pages, page_e0, True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D,
-                        PRECISION, UPCAST, RAW, FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI,
-                        KEY_MASK, PAGED, PAGE_VEC)
-    return acc, m, l
+        acc, m, l, acc2 = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                                  kv_row0, rows, dk_ok, dv_ok, start, full_lo, n_k, offset, left, right, qk_scale,
+                                  slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                                  stride_kp, stride_vp, pages, page_e0, acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
+                                  True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW,
+                                  FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC, BLOCK_D2)
+    acc, m, l, acc2 = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                              kv_row0, rows, dk_ok, dv_ok, full_lo, full_hi, n_k, offset, left, right, qk_scale,
+                              slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                              stride_kp, stride_vp, pages, page_e0, acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
+                              False, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW,
+                              FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC, BLOCK_D2)
+    acc, m, l, acc2 = kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv_b, kv_h,
+                              kv_row0, rows, dk_ok, dv_ok, full_hi, end, n_k, offset, left, right, qk_scale,
+                              slopes, cap_in, cap_out, km_src, stride_mn, bt_src, page_size, n_pages,
+                              stride_kp, stride_vp, pages, page_e0, acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
+                              True, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW,
+                              FMA, LATE_L, SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, PAGE_VEC, BLOCK_D2)
+    return acc, m, l, acc2
 
 
 @triton.jit
@@ -341,7 +381,7 @@ def finish_scale(qk_scale, RAW: tl.constexpr):
 
 @triton.jit
 def fwd_program(
-        Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
+        Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable, K2, V2,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -353,7 +393,8 @@ def fwd_program(
         UPCAST: tl.constexpr, WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr,
         LATE_L: tl.constexpr, SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr,
         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KEY_MASK: tl.constexpr, VARLEN: tl.constexpr,
-        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr):
+        SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr,
+        BLOCK_D2: tl.constexpr):
     """One (batch, head, query tile) of the forward. Dense calls (attention_fwd_kernel) switch
     every extension off; attention_fwd_ext_kernel turns them on by constexpr:
     * VARLEN: batch b is sequence b of a packed layout: its queries are rows CuQ[b]..CuQ[b+1] and
@@ -365,7 +406,12 @@ def fwd_program(
     * window (HAS_LEFT/HAS_RIGHT), SOFTCAP, ALIBI (Slopes (B, Hq) with batch stride stride_sb,
       0 for (Hq,)), KEY_MASK (KeyMask (B, Nk) strides stride_mb, stride_mn): masks.py.
     * STORE_LSE = False: only Out is written (an inference call that asked for no lse: the plan
-      then allocates none, and Lse is any pointer, never written)."""
+      then allocates none, and Lse is any pointer, never written).
+    * BLOCK_D2 > 0 (attention_fwd_d2_kernel): HEAD_DIM = BLOCK_D + BLOCK_D2, two powers of two
+      (96 = 64 + 32, 192 = 128 + 64): Triton's tiles are powers of two, and one BLOCK_D of 128 or
+      256 would spend a third of every product on zero columns. Scores are the two parts' dots
+      chained into one accumulator, and each part keeps its own P·V accumulator. K2/V2 are the
+      second part's TMA descriptors (ADDR "tma"), else unused (the part is K/V + BLOCK_D)."""
     # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
     # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
     # short tiles fill the tail of the schedule.
@@ -398,6 +444,10 @@ def fwd_program(
     q_base = Q + b * stride_qb + h * stride_qh + q_row0 * stride_qm
     q = tl.load(q_base + q_offsets(offs_m * stride_qm, d, stride_qd, SPLIT_D),
                 mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D), other=0.0)
+    if BLOCK_D2 > 0:
+        d2 = head_dims(BLOCK_D2, 1, WIDE)
+        q2 = tl.load(q_base + BLOCK_D * stride_qd + q_offsets(offs_m * stride_qm, d2, stride_qd, 1),
+                     mask=row_ok[:, None], other=0.0)
 
     if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
         k_src = K
@@ -414,6 +464,18 @@ def fwd_program(
     k_tile = k_offsets(stride_kn, d, stride_kd, BLOCK_N, SPLIT_D, WIDE)
     v_tile = k_offsets(stride_vn, dv, stride_vd, BLOCK_N, 1, WIDE)
     dk_ok = dk_mask(d_ok, SPLIT_D)
+    if BLOCK_D2 > 0:
+        if ADDR == "tma":
+            k_src2 = K2
+            v_src2 = V2
+        else:
+            k_src2 = k_src + BLOCK_D * stride_kd
+            v_src2 = v_src + BLOCK_D * stride_vd
+        k_tile2 = k_offsets(stride_kn, d2, stride_kd, BLOCK_N, 1, WIDE)
+        v_tile2 = k_offsets(stride_vn, d2, stride_vd, BLOCK_N, 1, WIDE)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
+    else:  # never read (kv_loop)
+        q2, k_src2, v_src2, k_tile2, v_tile2 = q, k_src, v_src, k_tile, v_tile
 
     slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
     if ALIBI:
@@ -421,17 +483,20 @@ def fwd_program(
 
     m, l = online.identity(BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if BLOCK_D2 == 0:
+        acc2 = acc  # never read (kv_loop)
     row_last = tl.minimum(m0 + BLOCK_M, seq_q) - 1
     if VARLEN:  # descriptors over the (1, Hkv, total_k, D) view: the sequence's rows
         tma_b = 0
     else:
         tma_b = b32
-    acc, m, l = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, tma_b, kvh32, k_start,
-                        rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right, qk_scale,
-                        slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn, BlockTable + b * stride_tb,
-                        PAGE, n_pages, stride_kb, stride_vb, 0, 0,
-                        HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
-                        SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, 0)
+    acc, m, l, acc2 = kv_walk(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, tma_b, kvh32,
+                              k_start, rows, dk_ok, dv_ok, 0, seq_k, m0, row_last, seq_k, offset, left, right,
+                              qk_scale, slopes, cap_in, cap_out, KeyMask + b * stride_mb, stride_mn,
+                              BlockTable + b * stride_tb, PAGE, n_pages, stride_kb, stride_vb, 0, 0,
+                              acc2, q2, k_src2, v_src2, k_tile2, v_tile2,
+                              HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_D, EVEN_D, PRECISION, UPCAST, RAW, FMA, LATE_L,
+                              SPLIT_D, ADDR, SOFTCAP, ALIBI, KEY_MASK, PAGED, 0, BLOCK_D2)
 
     out = online.attention_out(acc, l, ACCURATE)
     o_base = Out + b * stride_ob + h * stride_oh + q_row0 * stride_om
@@ -441,6 +506,10 @@ def fwd_program(
         tl.store(o_ptrs, out, mask=row_ok[:, None])
     else:
         tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
+    if BLOCK_D2 > 0:
+        out2 = to_output(online.attention_out(acc2, l, ACCURATE), Out.dtype.element_ty, UPCAST)
+        tl.store(o_base + BLOCK_D * stride_od + offs_m[:, None] * stride_om + d2[None, :] * stride_od, out2,
+                 mask=row_ok[:, None])
     if STORE_LSE:
         if VARLEN:  # (Hq, total_q), flash-attn's varlen layout
             lse_row0 = h * n_q + q_row0
@@ -464,7 +533,7 @@ def attention_fwd_kernel(
         SPLIT_D: tl.constexpr, ACCURATE: tl.constexpr, ADDR: tl.constexpr, STORE_LSE: tl.constexpr = True):
     """Dense attention (no window but causal, no score modification): the fewest launch arguments,
     so the host's launch cost of the common call stays what it was (tiled_attn/triton/launch.py)."""
-    fwd_program(Q, K, V, Out, Lse, Lse, Lse, Lse, Lse, Lse, Lse,
+    fwd_program(Q, K, V, Out, Lse, Lse, Lse, Lse, Lse, Lse, Lse, K, V,
                 stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
@@ -472,7 +541,34 @@ def attention_fwd_kernel(
                 0, 0, 0, 0, 1,
                 n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0, m_tiles,
                 False, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE, RAW,
-                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False, 1, STORE_LSE)
+                FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, False, False, 0, False, False, False, 1, STORE_LSE, 0)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "causal_offset", "m_tiles"])
+def attention_fwd_d2_kernel(
+        Q, K, V, K2, V2, Out, Lse,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        n_heads, group, n_q, n_k, causal_offset, qk_scale, m_tiles,
+        CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        WIDE: tl.constexpr, RAW: tl.constexpr, FMA: tl.constexpr, LATE_L: tl.constexpr,
+        ADDR: tl.constexpr, STORE_LSE: tl.constexpr = True):
+    """attention_fwd_kernel with the head dim in two power-of-two parts, HEAD_DIM = BLOCK_D +
+    BLOCK_D2 (fwd_program's doc); 16-bit inputs. K2/V2: the second part's TMA descriptors with
+    ADDR "tma", else any tensor (never read)."""
+    tl.static_assert(HEAD_DIM == BLOCK_D + BLOCK_D2)
+    fwd_program(Q, K, V, Out, Lse, Lse, Lse, Lse, Lse, Lse, Lse, K2, V2,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_ob, stride_oh, stride_om, stride_od,
+                0, 0, 0, 0, 1,
+                n_heads, group, n_q, n_k, causal_offset, 0, 0, qk_scale, 1.0, 1.0, m_tiles,
+                False, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, PRECISION, UPCAST, WIDE, RAW,
+                FMA, LATE_L, 1, False, ADDR, False, False, 0, False, False, False, 1, STORE_LSE, BLOCK_D2)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "offset", "left", "right", "m_tiles", "n_pages"])
@@ -492,7 +588,7 @@ def attention_fwd_ext_kernel(
         SEQ_K: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, STORE_LSE: tl.constexpr = True):
     """The forward with windows, score modifications, packed sequences or a (paged) KV cache
     (fwd_program's doc); unused pointers are any tensor (never read)."""
-    fwd_program(Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable,
+    fwd_program(Q, K, V, Out, Lse, Slopes, KeyMask, CuQ, CuK, SeqK, BlockTable, K, V,
                 stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
@@ -501,4 +597,4 @@ def attention_fwd_ext_kernel(
                 n_heads, group, n_q, n_k, offset, left, right, qk_scale, cap_in, cap_out, m_tiles,
                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, PRECISION, UPCAST, WIDE,
                 RAW, FMA, LATE_L, SPLIT_D, ACCURATE, ADDR, SOFTCAP, ALIBI, KEY_MASK, VARLEN, SEQ_K, PAGED, PAGE,
-                STORE_LSE)
+                STORE_LSE, 0)
