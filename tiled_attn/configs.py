@@ -793,15 +793,21 @@ _DECODE_HEURISTICS = {"max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 
 _SM90_DECODE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "max_rows": 64, "max_q": 8, "waves": 2, "min_split_keys": 512, "merge_warps": 4}
 # The sm90 rows by (kernel, D class, causal, size class): bf16 and fp16 take the same row (the
 # same tensor-core rate and tile sizes). Where they come from: the comment in TRITON_ATTENTION.
+# TWO_PARTS (attention_fwd_d2_kernel: a head dim such as 96 or 192 as two power-of-two parts, not one
+# padded tile) where it measured faster on the H100 (benchmarks/probe_two_parts.py, 2026-11-27,
+# results/2026-11-27-h100-probe-two-parts.*; CUDA-graph time, two parts over one): D = 192 1.02-1.27x
+# (causal 1.06-1.11x), D = 160 1.14-1.20x; D = 96 non-causal 1.00-1.10x, causal 1.07-1.11x at
+# N <= 1024 but 0.93-0.97x above (D = 80 causal 0.94x), so the d128 causal long row keeps one
+# tile; D = 48 0.98x / 1.04x (noise), so the d64 rows keep one tile.
 _SM90_ROWS = {
-    ("fwd", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
-    ("fwd", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
-    ("fwd", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
-    ("fwd", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d64", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "LATE_L": True, "ADDR": "tma"},
+    ("fwd", "d64", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d64", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
+    ("fwd", "d64", True, "long"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4, "FMA": True, "ADDR": "tma"},
     ("fwd", "d128", False, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
     ("fwd", "d128", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
     ("fwd", "d128", True, "short"): {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
-    ("fwd", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
+    ("fwd", "d128", True, "long"): {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "FMA": True, "LATE_L": True, "ADDR": "tma"},
     ("fwd", "d256", False, "short"): {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "TWO_PARTS": True},
     ("fwd", "d256", False, "long"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "LATE_L": True, "ADDR": "tma", "TWO_PARTS": True},
     ("fwd", "d256", True, "short"): {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "FMA": True, "ADDR": "tma", "TWO_PARTS": True},
