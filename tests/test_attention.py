@@ -488,15 +488,16 @@ def test_tile_shapes(block_m, block_n, offset, monkeypatch, seed):
     _check(out, lse, q, k, v, True, offset, 0.25, seed, f"BLOCK {block_m}x{block_n} offset={offset}")
 
 
-@pytest.mark.parametrize("kernel", ["fwd", "decode"])
-def test_wide_offsets_path(kernel, monkeypatch, seed):
+@pytest.mark.parametrize("kernel,d", [("fwd", 40), ("fwd", 96), ("decode", 40)])
+def test_wide_offsets_path(kernel, d, monkeypatch, seed):
     """The int64 in-tile offsets (used when a stride × a tile could pass 2^31), forced on a small
-    input: allocating a real > 2^31-element view is out of reach of CI."""
+    input: allocating a real > 2^31-element view is out of reach of CI. The forward at D = 96 too:
+    its second head-dim part (TWO_PARTS in the interpreter's row) starts 64 head-dim strides in."""
     device = _require("triton")
     from tiled_attn.triton import attention as triton_attention
     monkeypatch.setattr(triton_attention, "WIDE_STRIDE", 0)
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = _packed_qkv(2, 45, 6, 2, 40, torch.float16, device, gen)
+    q, k, v = _packed_qkv(2, 45, 6, 2, d, torch.float16, device, gen)
     out, lse = _triton_direct(q, k, v, 0.15, True, 0, kernel=kernel, num_splits=3)
     _check(out, lse, q, k, v, True, 0, 0.15, seed, f"wide {kernel}")
 

@@ -177,9 +177,9 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     rounded to the bfloat16 grid on its bits (bf16_grid), so the CPU tests see the GPU's numerics.
 
     BLOCK_D2 > 0: the head dim is two power-of-two parts, head dims [0, BLOCK_D) in (q, k, v, acc)
-    and [BLOCK_D, BLOCK_D + BLOCK_D2) in (q2, k2, v2, acc2) (fwd_program's doc says why); k_src2/
-    v_src2 point at head dim BLOCK_D (with "tma": descriptors of BLOCK_D2-wide blocks), k_tile2/
-    v_tile2 are that part's in-tile offsets. Neither part is ragged (EVEN_D), nothing is paged and
+    and [BLOCK_D, BLOCK_D + BLOCK_D2) in (q2, k2, v2, acc2) (fwd_program's doc says why); with
+    "tma" k_src2/v_src2 are descriptors of BLOCK_D2-wide blocks, else k_src/v_src again with
+    k_tile2/v_tile2 that part's in-tile offsets from head dim 0. Neither part is ragged (EVEN_D), nothing is paged and
     SPLIT_D is 1. BLOCK_D2 = 0: acc2, q2, k_src2, v_src2, k_tile2 and v_tile2 are never read and
     acc2 comes back as it came.
     """
@@ -444,10 +444,9 @@ def fwd_program(
     q_base = Q + b * stride_qb + h * stride_qh + q_row0 * stride_qm
     q = tl.load(q_base + q_offsets(offs_m * stride_qm, d, stride_qd, SPLIT_D),
                 mask=q_mask(row_ok, d_ok, EVEN_D, SPLIT_D), other=0.0)
-    if BLOCK_D2 > 0:
-        d2 = head_dims(BLOCK_D2, 1, WIDE)
-        q2 = tl.load(q_base + BLOCK_D * stride_qd + q_offsets(offs_m * stride_qm, d2, stride_qd, 1),
-                     mask=row_ok[:, None], other=0.0)
+    if BLOCK_D2 > 0:  # the second part's head dims BLOCK_D .. (int64 with WIDE, as d)
+        d2 = BLOCK_D + head_dims(BLOCK_D2, 1, WIDE)
+        q2 = tl.load(q_base + q_offsets(offs_m * stride_qm, d2, stride_qd, 1), mask=row_ok[:, None], other=0.0)
 
     if ADDR == "tma":  # K, V are tensor descriptors over (B, Hkv, Nk, D)
         k_src = K
@@ -468,9 +467,9 @@ def fwd_program(
         if ADDR == "tma":
             k_src2 = K2
             v_src2 = V2
-        else:
-            k_src2 = k_src + BLOCK_D * stride_kd
-            v_src2 = v_src + BLOCK_D * stride_vd
+        else:  # the part's offset from head dim 0 is in k_tile2/v_tile2
+            k_src2 = k_src
+            v_src2 = v_src
         k_tile2 = k_offsets(stride_kn, d2, stride_kd, BLOCK_N, 1, WIDE)
         v_tile2 = k_offsets(stride_vn, d2, stride_vd, BLOCK_N, 1, WIDE)
         acc2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
@@ -508,8 +507,7 @@ def fwd_program(
         tl.store(o_ptrs, out, mask=row_ok[:, None] & dv_ok)
     if BLOCK_D2 > 0:
         out2 = to_output(online.attention_out(acc2, l, ACCURATE), Out.dtype.element_ty, UPCAST)
-        tl.store(o_base + BLOCK_D * stride_od + offs_m[:, None] * stride_om + d2[None, :] * stride_od, out2,
-                 mask=row_ok[:, None])
+        tl.store(o_base + offs_m[:, None] * stride_om + d2[None, :] * stride_od, out2, mask=row_ok[:, None])
     if STORE_LSE:
         if VARLEN:  # (Hq, total_q), flash-attn's varlen layout
             lse_row0 = h * n_q + q_row0
