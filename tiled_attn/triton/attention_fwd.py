@@ -179,8 +179,8 @@ def kv_loop(acc, m, l, q, k_src, v_src, k_tile, v_tile, stride_kn, stride_vn, kv
     BLOCK_D2 > 0: the head dim is two power-of-two parts, head dims [0, BLOCK_D) in (q, k, v, acc)
     and [BLOCK_D, BLOCK_D + BLOCK_D2) in (q2, k2, v2, acc2) (fwd_program's doc says why); with
     "tma" k_src2/v_src2 are descriptors of BLOCK_D2-wide blocks, else k_src/v_src again with
-    k_tile2/v_tile2 that part's in-tile offsets from head dim 0. Neither part is ragged (EVEN_D), nothing is paged and
-    SPLIT_D is 1. BLOCK_D2 = 0: acc2, q2, k_src2, v_src2, k_tile2 and v_tile2 are never read and
+    k_tile2/v_tile2 that part's in-tile offsets from head dim 0. Neither part is ragged (EVEN_D),
+    nothing is paged and SPLIT_D is 1. BLOCK_D2 = 0: acc2, q2, k_src2, v_src2, k_tile2 and v_tile2 are never read and
     acc2 comes back as it came.
     """
     if BLOCK_D2 > 0:
@@ -411,7 +411,8 @@ def fwd_program(
       (96 = 64 + 32, 192 = 128 + 64): Triton's tiles are powers of two, and one BLOCK_D of 128 or
       256 would spend a third of every product on zero columns. Scores are the two parts' dots
       chained into one accumulator, and each part keeps its own P·V accumulator. K2/V2 are the
-      second part's TMA descriptors (ADDR "tma"), else unused (the part is K/V + BLOCK_D)."""
+      second part's TMA descriptors (ADDR "tma"), else unused (the part's offsets from head dim 0
+      are in its own tile offsets)."""
     # A 1-D grid (the y/z grid dims cap at 65535, B·H can exceed it); consecutive programs share a
     # head, so its K/V stay in L2. Causal: the longest rows (last query tiles) start first, so the
     # short tiles fill the tail of the schedule.
