@@ -274,6 +274,31 @@ def test_matches_dense_batch(backend, seed):
     torch.testing.assert_close(out4.float(), dense_out.float(), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mods", [dict(), dict(causal=True), dict(window=(5, 2), alibi="batch"),
+                                  dict(softcap=20.0, causal=True, alibi="head")], ids=mods_id)
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_equal_lengths_run_the_dense_call(backend, mods, backward, monkeypatch, seed):
+    """Every sequence exactly max_seqlen_q / max_seqlen_k long (Nq != Nk, GQA): the call is
+    ta.attention's on the (B, N) batch (varlen.py), meeting the same rule, gradients and lse
+    included; with a row past the last sequence, or one sequence shorter, it is the varlen kernel's."""
+    on_this_device(backend)
+    from tiled_attn import varlen
+    dense = []
+    real = varlen._dense_attention
+
+    def counting(*a, **kw):
+        dense.append(kw["backend"])
+        return real(*a, **kw)
+    monkeypatch.setattr(varlen, "_dense_attention", counting)
+    run_varlen(backend, [13, 13, 13], [29, 29, 29], 4, 2, 32, torch.float16, mods, seed, backward=backward,
+               lse_grad=backward)
+    assert dense == ([] if backend == "torch" else [backend])
+    run_varlen(backend, [13, 13, 13], [29, 29, 29], 4, 2, 32, torch.float16, mods, seed, extra_q=2)
+    run_varlen(backend, [13, 12, 13], [29, 29, 29], 4, 2, 32, torch.float16, mods, seed)
+    assert len(dense) == (0 if backend == "torch" else 1)
+
+
 # ==================================================================================================
 # bad input: ValueError/TypeError naming the argument, before any launch
 # ==================================================================================================
