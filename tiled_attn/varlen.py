@@ -155,9 +155,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     scale_v, resolved, mods, (copy_q, copy_k) = checked
     if uniform and resolved != "torch":
         # Every sequence has max_seqlen_q queries and max_seqlen_k keys: the packed tensors are a
-        # (B, N) batch, and the dense call (with its own default's kernel: on the H100 at D = 128
-        # the CUDA one, 12-18% faster there than the varlen kernel: benchmarks/results/…-s19-varlen-kernel)
-        # computes the same thing, bottom-right aligned per sequence as here.
+        # (B, N) batch, and the dense call computes the same thing (bottom-right aligned per
+        # sequence, as here) with its own default's kernel: on the H100 at D = 128 the CUDA one,
+        # 12-18% faster there than the varlen kernel (benchmarks/results/…-s19-varlen-kernel.md).
         b = cu_seqlens_q.shape[0] - 1
         q4, k4, v4 = (t.unflatten(0, (b, -1)).transpose(1, 2) for t in (q, k, v))
         res = _dense_attention(q4, k4, v4, causal=causal, scale=scale, window=window, softcap=softcap,
