@@ -2,7 +2,8 @@
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
 #                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax
-#                                 sweep_softmax_random profile probe_decode probe_two_parts bench bench2 pack
+#                                 sweep_softmax_random profile probe_decode probe_two_parts memcheck_pytest probe_softmax_window
+#                                 bench bench2 pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
 # `pack` (last) folds everything under $OUT into $OUT/gpu-out.tgz: the device tool returns only a
@@ -74,6 +75,12 @@ for s in "$@"; do
     # Issue #15's kernels (window, softcap, ALiBi, key masks, varlen, KV cache) under memcheck.
     memcheck_masks) stage memcheck_masks "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
             python -m pytest -q -p no:cacheprovider -x tests/test_masks.py -k "${SAN_MASKS_K:-not bad_input}" ;;
+    # memcheck over any pytest selection (SAN_PYTEST_ARGS, word-split like TEST_ARGS).
+    memcheck_pytest) stage memcheck_pytest "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+            python -m pytest -q -p no:cacheprovider -x ${SAN_PYTEST_ARGS:-} ;;
+    # The row softmax's window reads on and off, beside torch.softmax and backend=None (issue 16).
+    probe_softmax_window) stage probe_softmax_window "${PROBE_TIMEOUT:-300}" python benchmarks/probe_softmax_window.py \
+            --out "$OUT/probe_softmax_window.json" ${PROBE_ARGS:-} ;;
     probe_masks) stage probe_masks "${PROBE_TIMEOUT:-200}" python benchmarks/probe_masks.py --out "$OUT/probe_masks.json" ;;
     # SAN_ARGS: more gpu_sanitize.py options, e.g. --attention-kernels wgmma_ws (the sm90 kernels).
     memcheck) stage memcheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ${SAN_ARGS:-} ;;

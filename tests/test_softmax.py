@@ -503,6 +503,41 @@ SYNC_SHAPES = ([(3, 200), (5, 1100)] if CPU_INTERPRETER else
                [(40, 131072), (3, 100003), (1, 40967), (900, 16389), (7, 300), (2, 6_000_000)])
 
 
+# Rows off the 16-byte grid that the row kernel reads through aligned windows (softmax_row.py WIN)
+# with the "cpu" and "sm90" configs alike (more than two row blocks); (130, 23): 16-64 rows a block.
+WINDOW_SHAPES = [(130, 23), (33, 37), (9, 257), (5, 1001), (4, 4099)]
+
+
+def _window_case(g, dtype, device, m, n):
+    x = randn((m, n), dtype, device, g, 3.0)
+    x[1] = NEG_INF  # a row of only -inf: NaN, as torch gives
+    x[2, ::3] = NEG_INF
+    x[3, 0], x[3, -1] = 1e4, -1e4  # a row's first and last elements: its two partial packs
+    x[-1, -1] = 1e4  # the last row: the block whose loads are masked at the tensor's end
+    return x
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_name)
+@pytest.mark.parametrize("log", LOGS)
+def test_triton_row_window(log, dtype, shape, seed, monkeypatch):
+    """The row kernel's window reads run (the plan sets WIN) and pass the rule; the output is
+    poisoned first, so an element no store reached shows as NaN."""
+    from tiled_attn.triton import softmax as ts
+    device = _require("triton", log)
+    x = _window_case(torch.Generator().manual_seed(seed), dtype, device, *shape)
+    monkeypatch.setattr(ts, "WINDOW", True)  # whatever the configs say
+    wins, rule = [], ts._win
+    monkeypatch.setattr(ts, "_win", lambda *a: wins.append(rule(*a)) or wins[-1])
+    out = torch.full_like(x, float("nan"))
+    ts.plan_forward(x, out, "row", log)(x, out)
+    assert wins == [{"WIN": 16 // x.element_size()}], wins
+    _, theirs, _ = _ops(log)
+    assert_rule(out, _ref_softmax(x, -1, log), theirs(x, -1), dtype=dtype, seed=seed,
+                what=f"{'log ' if log else ''}row window {tuple(x.shape)} {dtype}", ulp_floor=log)
+
+
+
 @pytest.mark.parametrize("shape", SYNC_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("log", LOGS)
@@ -572,7 +607,9 @@ def _check_rows(x, y, rows, dtype, seed, what):
 def test_row_offsets_past_2_31(backend, kernel, seed):
     """(2^31/N + 2) × N bf16 (4.3 GB): the last rows start past element 2^31."""
     _require(backend)
-    n = 2047 if kernel == "flat_rows" else 4096  # flat_rows: rows of <= 2048; odd: spans off the 16-byte grid
+    # flat_rows: rows of <= 2048; odd: spans off the 16-byte grid. Triton "row": 4089 columns, off
+    # the grid too, so its window reads (softmax_row.py WIN) form their int64 flat starts.
+    n = 2047 if kernel == "flat_rows" else 4089 if (backend, kernel) == ("triton", "row") else 4096
     m = 2**31 // n + 2
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -837,10 +874,14 @@ def _row_builds(kernel: str, c: dict, bound, data: dict, label: str) -> list:
     opts = ts._launch_options(c)
     stages = c.get("STAGES", 1)
     if kernel == "row":
-        return [(label, row.softmax_row_kernel,
-                 dict(stride_xn=1, BLOCK_M=c["BLOCK_M"], BLOCK_N=triton_next_pow2(bound),
-                      COL_CONTIG=True, MASK_N=False, STAGES=stages, **ts._hints(c, "LAST", "STORE")),
-                 data, opts)]
+        plain = dict(stride_xn=1, BLOCK_M=c["BLOCK_M"], BLOCK_N=triton_next_pow2(bound), COL_CONTIG=True,
+                     MASK_N=False, STAGES=stages, WIN=0, KEEP_P=True, **ts._hints(c, "LAST", "STORE"))
+        # Rows off the 16-byte grid take the window reads (WIN); their sizes and strides are then
+        # not multiples of 16 (`unaligned`: built without that divisibility).
+        win = dict(plain, MASK_N=True, WIN=4 if data["x_ptr"] == "fp32" else 8)
+        return [(label, row.softmax_row_kernel, plain, data, opts),
+                (f"{label} window", row.softmax_row_kernel, win,
+                 dict(data, unaligned=("M", "N", "stride_xm", "stride_ym")), opts)]
     if kernel == "backward_row":
         return [(label, bwd.softmax_backward_kernel,
                  dict(stride_yn=1, stride_dyn=1, BLOCK_M=c["BLOCK_M"], BLOCK_N=triton_next_pow2(bound),
@@ -943,7 +984,7 @@ def _compile_for_sm90a() -> list[str]:
                                                  else "fp32")
             else:
                 signature[name] = data.get(name, "i32")
-            if data.get(name) != "i64":
+            if data.get(name) != "i64" and name not in data.get("unaligned", ()):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # aligned pointers, sizes and strides
         problem = sm90a_build_problem(label, kernel, signature, consts, attrs, options)
         if problem:
@@ -997,6 +1038,15 @@ def test_triton_row_vec_packs_loads():
     if HAS_CUDA:
         pytest.skip("offline build check; the GPU run times the kernels")
     assert_none_without_interpreter("test_softmax", "_row_vec_packs()", 300)
+
+
+def test_triton_softmax_window_table():
+    """configs.TRITON_SOFTMAX_WINDOW: the row lengths whose misaligned rows the row kernel reads
+    through windows, per arch (a GPU model's key falls back to its arch) and dtype."""
+    win = configs.triton_softmax_window
+    assert win("sm90", "fp32", 23) and win("sm90:h100", "fp32", 24851) and win("sm90", "bf16", 42)
+    assert not win("sm90", "fp32", 681) and not win("sm90", "bf16", 681) and not win("sm90", "bf16", 23)
+    assert not win("sm80", "fp32", 23) and not win("cpu", "fp32", 23)
 
 
 def test_vec_width():

@@ -369,6 +369,28 @@ TRITON_SOFTMAX_DEFAULT: dict = _Table({
 })
 
 
+# Row lengths N (inclusive ranges) per (arch, dtype) where the row kernel reads rows that start off
+# the 16-byte grid (N·size not a multiple of 16) through aligned windows, 16-byte packs
+# (softmax_row.py WIN; tiled_attn/triton/softmax.py _win); elsewhere it reads them one element at a
+# time. Measured on the H100, 2026-11-27 (benchmarks/probe_softmax_window.py, results/
+# 2026-11-27-h100-probe-softmax-window.txt: the same plan with and without, eager, 3 rounds):
+# fp32 N <= 64 1179602x23 1.65x (48 -> 80% of copy), 1698226x25 1.51x, 694789x13 and 301809x37
+# 1.23x, 2299375x61 1.20x (3666424x18 0.91x and 250635x42 0.92x the losses); fp32 N > 16384
+# 2880x24851 1.16x (78 -> 90%); 16-bit N 33-128 1.00-1.23x (250635x42 1.23x, 301809x37 1.19x).
+# Not elsewhere: the window's masks and edge packs cost more than the packs save on mid-length
+# rows (bf16 185327x681 0.60x, 19041x8996 0.58x; fp32 N 65-128 0.79-0.82x, 3552x11430 0.81x).
+TRITON_SOFTMAX_WINDOW: dict = _Table({
+    ("sm90", "fp32"): ((1, 64), (16385, 32768)),
+    ("sm90", "bf16"): ((33, 128),),
+    ("sm90", "fp16"): ((33, 128),),
+})
+
+
+def triton_softmax_window(arch_: str, dtype: str, n: int) -> bool:
+    """Whether TRITON_SOFTMAX_WINDOW turns the row kernel's window reads on for rows of n columns."""
+    return any(lo <= n <= hi for lo, hi in TRITON_SOFTMAX_WINDOW.get((base_arch(arch_), dtype), ()))
+
+
 # [keys it was built from, {(kernel, arch, dtype): sorted size-class bounds}]
 _TRITON_SOFTMAX_INDEX: list = [frozenset(), {}]
 

@@ -193,19 +193,27 @@ def normalize(x, m, l, scale, ACCURATE: tl.constexpr = False, LOG: tl.constexpr 
         lnl = tl.log(l.to(tl.float64)).to(tl.float32)
         y = (x - finite_or_zero(m)[:, None]) - lnl[:, None]
     else:
-        p = _exp_scaled(x - finite_or_zero(m)[:, None], scale, ACCURATE)
-        if ACCURATE:
-            # One correctly rounded reciprocal per row, then a multiply: ≤ 1 ulp, per element far
-            # cheaper than div.rn. A float64 l (identity(ACCURATE)) is inverted in float64 and
-            # rounded once; a float32 one (the row kernel's single-tile sum: no running sum to
-            # keep) by div.rn, without float64 registers.
-            if l.dtype == tl.float64:
-                inv = (1.0 / l).to(tl.float32)
-            else:
-                inv = tl.math.div_rn(tl.full(l.shape, 1.0, tl.float32), l)
-            y = p * inv[:, None]
+        y = divide_by_sum(_exp_scaled(x - finite_or_zero(m)[:, None], scale, ACCURATE), l, ACCURATE)
+    return y
+
+
+@triton.jit
+def divide_by_sum(p, l, ACCURATE: tl.constexpr = False):
+    """normalize's last step, y = p / l, for p = exp(x − m) of the final m. A kernel whose row is one
+    tile passes update's own p (the same shift, the same exponential: the same values normalize
+    computes from x), so each element's exponential is taken once, not twice."""
+    if ACCURATE:
+        # One correctly rounded reciprocal per row, then a multiply: ≤ 1 ulp, per element far
+        # cheaper than div.rn. A float64 l (identity(ACCURATE)) is inverted in float64 and
+        # rounded once; a float32 one (the row kernel's single-tile sum: no running sum to
+        # keep) by div.rn, without float64 registers.
+        if l.dtype == tl.float64:
+            inv = (1.0 / l).to(tl.float32)
         else:
-            y = p / l[:, None]
+            inv = tl.math.div_rn(tl.full(l.shape, 1.0, tl.float32), l)
+        y = p * inv[:, None]
+    else:
+        y = p / l[:, None]
     return y
 
 

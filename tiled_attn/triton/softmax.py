@@ -200,6 +200,29 @@ def _vec(x: torch.Tensor, out: torch.Tensor) -> dict:
     return {"VEC": vec} if vec > 1 else {}
 
 
+# The row kernel's window reads (softmax_row.py WIN) on rows that start off the 16-byte grid, where
+# configs.TRITON_SOFTMAX_WINDOW lists N; None follows that table, True / False forces them on / off
+# for every row (benchmarks/probe_softmax_window.py times the same plan both ways).
+WINDOW: bool | None = None
+# The row kernel's output from update's own exponentials (softmax_row.py KEEP_P); False is the A/B
+# baseline (normalize recomputes them), for benchmarks/probe_softmax_window.py only.
+KEEP_P = True
+
+
+def _win(x: torch.Tensor, out: torch.Tensor, block_m: int, block_n: int, arch: str) -> dict:
+    """The WIN constexpr of the row kernel (softmax_row.py), left out where it does not apply: rows
+    that start on the 16-byte grid already (N·size a multiple of 16), a tensor whose rows are not
+    back to back in x and out (row stride N), a window (N + WIN − 1 columns) past the tile, or fewer
+    than two row blocks (the block holding the last row masks its loads element by element)."""
+    m, n = x.shape
+    win = 16 // x.element_size()
+    on = configs.triton_softmax_window(arch, configs.dtype_key(x.dtype), n) if WINDOW is None else WINDOW
+    if (not on or n * x.element_size() % 16 == 0 or n < 2 * win or not _col_contig(x)
+            or x.stride(0) != n or out.stride(0) != n or n + win - 1 > block_n or m < 2 * block_m):
+        return {}
+    return {"WIN": win}
+
+
 def _launch_options(cfg: dict) -> dict:
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if cfg.get("maxnreg"):
@@ -263,7 +286,8 @@ def _plan_row(x, out, cfg, device, arch, log=False):
     block_m = cfg["BLOCK_M"] * max(1, _ROW_MIN_CLASS // block_n)
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, COL_CONTIG=_col_contig(x),
                 MASK_N=block_n != n, STAGES=cfg.get("STAGES", 1), **_hints(cfg, "LAST", "STORE"),
-                **_log(log), **_vec(x, out), **_launch_options(cfg))
+                **_log(log), **_vec(x, out), **_win(x, out, block_m, block_n, arch),
+                **({} if KEEP_P else {"KEEP_P": False}), **_launch_options(cfg))
     ints = (m, n, x.stride(0), x.stride(1), out.stride(0))
     blocks = triton.cdiv(m, block_m)
     waves = cfg.get("WAVES", 1)

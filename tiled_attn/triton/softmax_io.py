@@ -82,13 +82,17 @@ def load_tile(base, cols, stride_n, row_mask, N, other, COL_CONTIG: tl.constexpr
 
 
 @triton.jit
+def store_masked(ptrs, value, mask, CACHE: tl.constexpr = _NONE):
+    """tl.store rounding `value` to the pointers' dtype (the GPU's rounding, also in the interpreter)."""
+    if _INTERPRETED and ptrs.dtype.element_ty == tl.bfloat16:
+        value = bf16_grid(value)  # round to nearest even, as the GPU's conversion does
+    tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=mask, cache_modifier=CACHE)
+
+
+@triton.jit
 def store_tile(base, cols, row_mask, N, value, MASK_N: tl.constexpr, CACHE: tl.constexpr = _NONE):
     """Store into a row-major output (unit column stride), rounding to the output's dtype."""
-    ptrs = base[:, None] + cols[None, :]
-    if _INTERPRETED and base.dtype.element_ty == tl.bfloat16:
-        value = bf16_grid(value)  # round to nearest even, as the GPU's conversion does
-    tl.store(ptrs, value.to(base.dtype.element_ty), mask=tile_mask(row_mask, cols, N, MASK_N),
-             cache_modifier=CACHE)
+    store_masked(base[:, None] + cols[None, :], value, tile_mask(row_mask, cols, N, MASK_N), CACHE)
 
 
 # Triton 3.6's interpreter converts float32 to bfloat16 toward zero; the GPU's conversion rounds
