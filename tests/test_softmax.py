@@ -604,12 +604,15 @@ def _check_rows(x, y, rows, dtype, seed, what):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device with ~10 GB free")
 @pytest.mark.parametrize("backend,kernel", KERNEL_RUNS)
-def test_row_offsets_past_2_31(backend, kernel, seed):
+def test_row_offsets_past_2_31(backend, kernel, seed, monkeypatch):
     """(2^31/N + 2) × N bf16 (4.3 GB): the last rows start past element 2^31."""
     _require(backend)
     # flat_rows: rows of <= 2048; odd: spans off the 16-byte grid. Triton "row": 4089 columns, off
-    # the grid too, so its window reads (softmax_row.py WIN) form their int64 flat starts.
+    # the grid too, read through its windows (softmax_row.py WIN, switched on for this length
+    # here), whose flat starts are int64.
     n = 2047 if kernel == "flat_rows" else 4089 if (backend, kernel) == ("triton", "row") else 4096
+    if (backend, kernel) == ("triton", "row"):
+        monkeypatch.setitem(configs.TRITON_SOFTMAX_WINDOW, ("sm90", "bf16"), ((1, 32768),))
     m = 2**31 // n + 2
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn((m, n), generator=gen, device="cuda", dtype=torch.bfloat16)
