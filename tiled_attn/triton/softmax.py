@@ -213,7 +213,8 @@ def _win(x: torch.Tensor, out: torch.Tensor, block_m: int, block_n: int, arch: s
     """The WIN constexpr of the row kernel (softmax_row.py), left out where it does not apply: rows
     that start on the 16-byte grid already (N·size a multiple of 16), a tensor whose rows are not
     back to back in x and out (row stride N), a window (N + WIN − 1 columns) past the tile, or fewer
-    than two row blocks (the block holding the last row masks its loads element by element)."""
+    than two row blocks (the block holding the last row loads element by element: one block would
+    take no packs at all)."""
     m, n = x.shape
     win = 16 // x.element_size()
     on = configs.triton_softmax_window(arch, configs.dtype_key(x.dtype), n) if WINDOW is None else WINDOW

@@ -17,17 +17,22 @@ VEC > 1 tells the compiler what the wrapper checked: N and both row strides are 
 of 88 fp32 columns (352 bytes, 16-byte aligned) read as scalar 4-byte loads: with VEC = 4 the column
 mask holds over groups of 4 and the loads pack into 16 bytes again.
 WIN > 0 (16 bytes in elements) reads rows whose starts leave the 16-byte grid (N·size not a multiple
-of 16: most lengths) as 16-byte packs anyway. The rows of a packed tensor (row stride N, in and out)
-lie back to back, so row r is the span [r·N, r·N + N) of one flat array: the kernel loads the window
-that starts at r·N rounded down to a multiple of WIN, whose packs are aligned, and masks the other
-rows' elements out with a `where` after the load (a load mask that changes inside a pack would break
-it into single elements). It stores the packs that lie wholly inside the row as packs and the row's
-two partial packs, its first and last, from a second, 2·WIN-wide load (L1 hits). Measured before it (H100,
-2026-11-27 held-out set): bf16 rows at 75-81% of copy where every start is misaligned (185327x681,
-280227x337, 48007x3359) against 92-98% where every start is aligned (9625x11752, 52862x3720).
-The window's load never passes the last pack boundary inside the tensor (flat index < M·N rounded
-down to WIN), except in the row block holding the last row, whose tail can lie past it: that block
-masks its loads at M·N exactly (single elements, once per launch).
+of 16: most lengths), which the plain path reads one element at a time, as 16-byte packs. The rows
+of a packed tensor (row stride N, in and out) lie back to back, so row r is the span [r·N, r·N + N)
+of one flat array: the kernel loads the window that starts at r·N rounded down to a multiple of WIN,
+whose packs are aligned, and masks the other rows' elements out with a `where` after the load (a
+load mask that changed inside a pack would break it into single elements). It stores the packs that
+lie wholly inside the row as packs, and the row's two partial packs, its first and last, from a
+second, 2·WIN-wide load issued beside the first. The window's loads stop at the last pack boundary
+inside the tensor (flat index < M·N rounded down to WIN), except in the row block holding the last
+row, whose tail can lie past it: that block masks its loads at M·N exactly (single elements).
+Measured on the H100 (benchmarks/probe_softmax_window.py), the packs pay on short rows and on the
+longest ones and lose on mid-length rows, so the wrapper sets WIN only where
+configs.TRITON_SOFTMAX_WINDOW says it won. The likely cause of the losses (not profiled): the window
+build takes twice the registers (bf16, 4096 columns: 80 against 40 on sm_90a), so half as many
+programs fit on an SM.
+KEEP_P (default on) writes the one tile from update's own exponentials (online.divide_by_sum)
+instead of taking them again from x: the same values, measured neutral on the H100, fewer registers.
 """
 import triton
 import triton.language as tl
@@ -49,17 +54,18 @@ def _finalize(x, m, l, p, ACC: tl.constexpr, LOG: tl.constexpr, KEEP_P: tl.const
 
 
 @triton.jit
-def _plain_rows(x_ptr, y_ptr, rows, M, N, stride_xm, stride_xn, stride_ym, cols, BLOCK_M: tl.constexpr,
-                COL_CONTIG: tl.constexpr, MASK_N: tl.constexpr, LAST: tl.constexpr, STORE: tl.constexpr, LOG: tl.constexpr,
-                ACC: tl.constexpr, KEEP_P: tl.constexpr):
+def _plain_rows(x_ptr, y_ptr, rows, M, N, stride_xm, stride_xn, stride_ym, cols,
+                BLOCK_M: tl.constexpr, COL_CONTIG: tl.constexpr, MASK_N: tl.constexpr,
+                LAST: tl.constexpr, STORE: tl.constexpr, LOG: tl.constexpr, ACC: tl.constexpr,
+                KEEP_P: tl.constexpr):
     row_mask = rows < M
     # Padding columns read -inf: they add exp2(-inf) = 0 to l and never raise the max.
     x = load_tile(row_base(x_ptr, rows, stride_xm), cols, stride_xn, row_mask, N, float("-inf"),
                   COL_CONTIG, MASK_N, LAST)
     m, l = identity(BLOCK_M)  # one tile, no running sum: float32 l even for float32 (online.py)
     m, l, p, _ = update(m, l, x, LOG2E, ACCURATE=ACC)
-    store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, _finalize(x, m, l, p, ACC, LOG, KEEP_P),
-               MASK_N, STORE)
+    y = _finalize(x, m, l, p, ACC, LOG, KEEP_P)
+    store_tile(row_base(y_ptr, rows, stride_ym), cols, row_mask, N, y, MASK_N, STORE)
 
 
 @triton.jit
@@ -117,9 +123,11 @@ def softmax_row_kernel(x_ptr, y_ptr, M, N, stride_xm, stride_xn, stride_ym,
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         if WIN > 0:
             if (block + 1) * BLOCK_M < M:  # every row of the block has a row after it
-                _window_rows(x_ptr, y_ptr, rows, M, N, cols, BLOCK_M, WIN, False, LAST, STORE, LOG, ACC, KEEP_P)
+                _window_rows(x_ptr, y_ptr, rows, M, N, cols, BLOCK_M, WIN, False, LAST, STORE, LOG,
+                             ACC, KEEP_P)
             else:
-                _window_rows(x_ptr, y_ptr, rows, M, N, cols, BLOCK_M, WIN, True, LAST, STORE, LOG, ACC, KEEP_P)
+                _window_rows(x_ptr, y_ptr, rows, M, N, cols, BLOCK_M, WIN, True, LAST, STORE, LOG,
+                             ACC, KEEP_P)
         else:
             _plain_rows(x_ptr, y_ptr, rows, M, N, stride_xm, stride_xn, stride_ym, cols, BLOCK_M,
                         COL_CONTIG, MASK_N, LAST, STORE, LOG, ACC, KEEP_P)
