@@ -98,17 +98,17 @@ def main() -> None:
                 ok[name] = chk.ok
             del ref
             times = {k: [] for k in calls}
-            graph = {}
+            first = {}  # round 1's Timing (its graph column); later rounds are CudaTimer.again's
             for r in range(args.rounds):
                 for name, call in calls.items():
                     if not ok[name]:
                         continue
-                    t = timer.measure(call, sets, graphable=True) if r == 0 else None
                     if r == 0:
-                        times[name].append(t.ms)
-                        graph[name] = t.graph_ms
-                    else:
-                        times[name].append(timer._events(call, sets, max(times[name][0], 1e-3), None, "").ms)
+                        first[name] = timer.measure(call, sets, graphable=True)
+                        times[name].append(first[name].ms)
+                    elif (ms := timer.again(call, sets, first[name])) is not None:
+                        times[name].append(ms)
+            graph = {k: t.graph_ms for k, t in first.items()}
             rec = dict(set=s["set"], M=m, N=n, dtype=dt, ok=ok,
                        eager_ms={k: statistics.median(v) for k, v in times.items() if v},
                        eager_rounds_ms=times, graph_ms=graph)
