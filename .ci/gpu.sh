@@ -2,7 +2,8 @@
 # The H100 job, run through the device tool from the repository root (never by CI, which has no GPU):
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
 #                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax
-#                                 sweep_softmax_random profile probe_decode probe_two_parts memcheck_pytest probe_softmax_window
+#                                 sweep_softmax_random profile probe_decode probe_two_parts memcheck_pytest racecheck_pytest
+#                                 probe_softmax_window probe_cp
 #                                 bench bench2 pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
@@ -24,6 +25,9 @@ export TILED_ATTN_BENCH_TRACE=${TILED_ATTN_BENCH_TRACE:-1}
 # DESIGN §4: CI draws fixed seeds; the GPU job draws fresh ones (each failure prints its seed and
 # the TILED_ATTN_SEED that reproduces it). Set TILED_ATTN_SEED=N to replay a run.
 export TILED_ATTN_SEED=${TILED_ATTN_SEED:-random}
+# Machines of several GPUs: NVLink multicast stays off (the device tool's KINDS.md: a program using
+# it can take the host's shared GPUs out of service); spawned ranks inherit these.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 summary=()
 BUILD_PY="import time; t=time.time(); from tiled_attn.cuda import _build; _build.load(); print('extension built in %.0fs' % (time.time()-t))"
 stage() {  # stage NAME TIMEOUT_S CMD...
@@ -76,6 +80,10 @@ for s in "$@"; do
     memcheck_masks) stage memcheck_masks "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
             python -m pytest -q -p no:cacheprovider -x tests/test_masks.py -k "${SAN_MASKS_K:-not bad_input}" ;;
     # memcheck over any pytest selection (SAN_PYTEST_ARGS, word-split like TEST_ARGS).
+    racecheck_pytest) stage racecheck_pytest "${SAN_TIMEOUT:-120}" compute-sanitizer --tool racecheck --error-exitcode 1 \
+            python -m pytest -q -p no:cacheprovider -x ${SAN_PYTEST_ARGS:-} ;;
+    # Context parallelism (issue 17), one GPU per rank: the merge A/B and a kernel profile per rank.
+    probe_cp) stage probe_cp "${PROBE_TIMEOUT:-300}" python benchmarks/probe_context_parallel.py --out "$OUT/probe_cp" ${PROBE_ARGS:-} ;;
     memcheck_pytest) stage memcheck_pytest "${SAN_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 1 \
             python -m pytest -q -p no:cacheprovider -x ${SAN_PYTEST_ARGS:-} ;;
     # The row softmax's window reads on and off, beside torch.softmax and backend=None (issue 16).

@@ -51,9 +51,13 @@ class ContextParallelSuite:
     title = "Context parallelism: tokens/s across GPUs (causal, bf16), scaling and torch's CP"
     device = "cuda"
 
-    def __init__(self, seq_lens, quick_seq_lens, worlds=(1, 2, 4, 8), heads: int = 16, head_dim: int = 128):
+    def __init__(self, seq_lens, quick_seq_lens, worlds=(1, 2, 4, 8), heads: int = 16, head_dim: int = 128,
+                 max_n: dict | None = None):
         self.seq_lens, self.quick_seq_lens, self.worlds = tuple(seq_lens), tuple(quick_seq_lens), tuple(worlds)
         self.heads, self.head_dim = heads, head_dim
+        # provider -> the longest N it runs at (device time: a 1M-token call on one GPU takes tens of
+        # seconds); past it the row is recorded as skipped, with this reason
+        self.max_n = dict(max_n or {})
 
     def describe(self, quick: bool) -> str:
         ns = self.quick_seq_lens if quick else self.seq_lens
@@ -85,7 +89,7 @@ class ContextParallelSuite:
         for world in sorted({w for w, _ in plan_cases(ns, self.worlds, n_gpus)}):
             spec = dict(seq_lens=[n for w, n in plan_cases(ns, self.worlds, n_gpus) if w == world],
                         heads=self.heads, head_dim=self.head_dim, seed=cfg.seed, deadline=deadline,
-                        repeat_s=0.2 if cfg.quick else 1.0,
+                        repeat_s=0.2 if cfg.quick else 1.0, max_n=self.max_n,
                         providers=[p for p in providers(world) if not cfg.provider_filter or cfg.provider_filter(p)])
             with tempfile.TemporaryDirectory() as tmp:
                 spec["out"] = os.path.join(tmp, "rows.json")
@@ -157,6 +161,10 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
                     row = dict(world=world, n=n, provider=prov, pass_=pass_)
                     if time.time() > spec["deadline"]:
                         rows.append(dict(row, status=h.SKIPPED, error=CAPPED))
+                        continue
+                    if n > spec["max_n"].get(prov, n):
+                        rows.append(dict(row, status=h.SKIPPED,
+                                         error=f"not run past N={spec['max_n'][prov] // 1024}k (the suite's limit)"))
                         continue
                     try:
                         rows.append(dict(row, **_one(prov, pass_, n, world, rank, spec, check=i == 0)))
@@ -255,13 +263,19 @@ def _check(out, n: int, world: int, rank: int, spec: dict) -> str:
 
 def _time(call, repeat_s: float, dist) -> float:
     """ms per call: the slowest rank's mean over back-to-back calls, after a warm-up; every rank runs
-    the same number of calls (the fewest any rank asked for)."""
-    call()
-    torch.cuda.synchronize()
+    the same number of calls (the fewest any rank asked for). A warm-up that alone takes repeat_s
+    (compiles included) is the estimate: one timed call follows, without a second untimed one (a
+    1M-token call on one GPU takes tens of seconds)."""
     t0 = time.perf_counter()
     call()
     torch.cuda.synchronize()
-    reps = torch.tensor([max(1, min(50, int(repeat_s / max(time.perf_counter() - t0, 1e-6))))], device="cuda")
+    took = time.perf_counter() - t0
+    if took < repeat_s:
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+    reps = torch.tensor([max(1, min(50, int(repeat_s / max(took, 1e-6))))], device="cuda")
     dist.all_reduce(reps, op=dist.ReduceOp.MIN)
     dist.barrier()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

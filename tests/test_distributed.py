@@ -63,7 +63,8 @@ import torch.nn.functional as F
 import tiled_attn as ta
 from tiled_attn import distributed as D
 from tiled_attn import reference
-from helpers import HAS_CUDA, assert_rule, max_err, randn, reproduce_hint, seed_for
+from helpers import (HAS_CUDA, assert_none_without_interpreter, assert_rule, max_err, randn, reproduce_hint,
+                     seed_for, sm90a_build_problem)
 
 SPAWN_TIMEOUT_S = 120
 
@@ -287,10 +288,11 @@ def _worker(rank: int, world: int, port: int, spec_path: str) -> None:
     spec = torch.load(spec_path, weights_only=False)
     device = spec.get("device", "cpu")
     if device.startswith("cuda"):
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(rank if spec.get("gpu_per_rank") else 0)
     from tiled_attn import _checks
     _checks.POISON_OUTPUTS = True  # as conftest does in the pytest process: an unwritten output fails
     D._STAGE_THROUGH_CPU = spec.get("staged", False)
+    D._FUSED_MERGE = spec.get("fused_merge")
     dist.init_process_group(spec.get("backend", "gloo"), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
@@ -439,6 +441,25 @@ def test_world_2(run2, i):
 @pytest.mark.parametrize("i", range(len(cases(4))), ids=[c["name"] for c in cases(4)])
 def test_world_4(run4, i):
     check(cases(4)[i], [r["cases"][i] for r in run4], 4)
+
+
+def fused_cases(world: int) -> list[dict]:
+    """The ring's cases with float32 partials to merge (float64 keeps the torch form)."""
+    return [c for c in cases(world) if c["strategy"] != "allgather" and c["dtype"] == torch.float32]
+
+
+@pytest.fixture(scope="module")
+def run2_fused(tmp_path_factory):
+    """World 2 on the CPU with the forward ring's merges through the Triton kernel under the
+    interpreter, as they run on CUDA (the GPU tests run them there)."""
+    if not _interpret():
+        pytest.skip("the CPU ranks run the Triton merge under TRITON_INTERPRET=1 only")
+    return spawn(2, dict(cases=fused_cases(2), fused_merge=True), tmp_path_factory.mktemp("world2-fused"))
+
+
+@pytest.mark.parametrize("i", range(len(fused_cases(2))), ids=[c["name"] for c in fused_cases(2)])
+def test_world_2_fused_merge(run2_fused, i):
+    check(fused_cases(2)[i], [r["cases"][i] for r in run2_fused], 2)
 
 
 def test_subgroups(run4):
@@ -743,6 +764,53 @@ def test_gpu_compiled_two_ranks_share_one_gpu(tmp_path):
                     assert torch.equal(g["again"][name], g["compiled"][name]), name
 
 
+def gpu_cases_large(world: int) -> list[dict]:
+    """Longer shards: many programs of every kernel, the merge kernel over several row blocks, odd
+    head dims, GQA, both layouts (the float32 case keeps the merges' float32 error visible)."""
+    return gpu_cases(world) + [
+        _case("gpu-causal-zigzag-gqa-bf16-long", world, causal=True, layout="zigzag", heads=(8, 2), n=1030, d=128,
+              dtype=torch.bfloat16, lse=True),
+        _case("gpu-full-contiguous-f32-d59", world, causal=False, layout="contiguous", heads=(4, 4), n=333, d=59,
+              dtype=torch.float32),
+        _case("gpu-causal-zigzag-f16-nograd", world, causal=True, layout="zigzag", heads=(6, 3), n=514, d=96,
+              dtype=torch.float16, grad=False),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_nccl_one_gpu_per_rank(world, tmp_path):
+    """NCCL across GPUs, one rank each (the real transport: P2P over NVLink or PCIe): eager forward
+    and backward, ring and all-gather, against the whole sequence under the rule."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+    cs = gpu_cases_large(world)
+    got = spawn(world, dict(cases=cs, device="cuda", backend="nccl", gpu_per_rank=True), tmp_path, timeout=300)
+    for i, c in enumerate(cs):
+        check(c, [r["cases"][i] for r in got], world, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_gpu_nccl_compiled_one_gpu_per_rank(world, tmp_path):
+    """torch.compile(fullgraph=True) with Inductor, NCCL across GPUs (functional collectives on the
+    real transport): the rule, eager's too, a second call repeating the first's forward."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+    cs = gpu_cases(world)[::2]
+    got = spawn(world, dict(cases=[], compiled=cs, device="cuda", backend="nccl", gpu_per_rank=True,
+                            compile_backend="inductor"), tmp_path, timeout=400)
+    for i, c in enumerate(cs):
+        check(c, [r["compiled"][i]["compiled"] for r in got], world, "cuda")
+        check(c, [r["compiled"][i]["eager"] for r in got], world, "cuda")
+        for r in got:
+            g = r["compiled"][i]
+            assert g["checks"] == 1
+            for name in ("out", "lse"):
+                if g["compiled"].get(name) is not None:
+                    assert torch.equal(g["again"][name], g["compiled"][name]), name
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_gpu_two_ranks_share_one_gpu(tmp_path):
@@ -751,3 +819,103 @@ def test_gpu_two_ranks_share_one_gpu(tmp_path):
     got = spawn(2, dict(cases=gpu_cases(2), device="cuda", backend="gloo", staged=True), tmp_path)
     for i, c in enumerate(gpu_cases(2)):
         check(c, [r["cases"][i] for r in got], 2, "cuda")
+
+
+# ------------------------------------------------------------------------------------------------
+# the forward ring's merge kernel (triton/merge_outputs.py): the interpreter on the CPU, the GPU
+# ------------------------------------------------------------------------------------------------
+def _merge_inputs(part_dtype, n: int, d: int, device: str, seed: int):
+    """A float32 accumulator as the ring holds it (a (B, N, H, D)-in-memory view, rows n0:n1 of a
+    longer one, so every operand is strided) and a partial in `part_dtype` with rows of every kind:
+    both sides finite, lse far apart (e^-80: one side vanishes), ±1e4 lse, one side or both empty
+    (lse = −inf, out 0, as ta.attention returns a row that saw no key)."""
+    gen = torch.Generator().manual_seed(seed)
+    b, h, pad = 2, 3, 5
+    acc_full = torch.randn(b, n + 2 * pad, h, d, generator=gen, dtype=torch.float64).transpose(1, 2)
+    lse_full = torch.randn(b, h, n + 2 * pad, generator=gen, dtype=torch.float64) * 3
+    part = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    part_lse = torch.randn(b, h, n, generator=gen, dtype=torch.float64) * 3
+    acc, lse = acc_full[:, :, pad:pad + n], lse_full[:, :, pad:pad + n]
+    part_lse[:, :, 0] = lse[:, :, 0] + 80
+    part_lse[:, :, 1] = lse[:, :, 1] - 80
+    lse[:, :, 2], part_lse[:, :, 2] = 1e4, 1e4 - 0.5
+    lse[:, :, 3], part_lse[:, :, 3] = -1e4, -1e4 + 2.0
+    for row, sides in ((4, "a"), (5, "b"), (6, "ab")):
+        if "a" in sides:
+            lse[:, :, row], acc[:, :, row] = -math.inf, 0.0
+        if "b" in sides:
+            part_lse[:, :, row], part[:, :, row] = -math.inf, 0.0
+    part = part.to(part_dtype)  # the ring's partials arrive in the input dtype: this is the value
+    return acc_full, lse_full, (slice(pad, pad + n)), part.to(device), part_lse.float().to(device)
+
+
+@pytest.mark.parametrize("part_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,d", [(37, 40), (130, 128), (9, 59)])
+def test_merge_kernel(part_dtype, n, d):
+    """One merge against the float64 merge of the same inputs, under the rule (torch: the same
+    reference form in float32); the rows outside the block and the padding stay untouched."""
+    device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu" and not _interpret():
+        pytest.skip("the Triton merge needs a CUDA device or TRITON_INTERPRET=1")
+    seed = seed_for(f"tests/test_distributed.py::test_merge_kernel[{part_dtype}-{n}-{d}]")
+    acc64, lse64, rows, part, part_lse = _merge_inputs(part_dtype, n, d, device, seed)
+    ref, ref_lse = reference.merge_attention_outputs(acc64[:, :, rows], lse64[:, :, rows], part.double(),
+                                                     part_lse.double())
+    theirs, theirs_lse = reference.merge_attention_outputs(acc64[:, :, rows].float(), lse64[:, :, rows].float(),
+                                                           part.float(), part_lse)
+    acc = torch.empty(acc64.transpose(1, 2).shape, dtype=torch.float32, device=device).transpose(1, 2)
+    acc.copy_(acc64)
+    lse = lse64.float().to(device)
+    before, before_lse = acc.clone(), lse.clone()
+    plan = type("P", (), {"merges": {}})()
+    with _fused_merge(True):
+        D._merge_into(plan, (1, 0), acc[:, :, rows], lse[:, :, rows], part, part_lse)
+    assert len(plan.merges) == 1  # the kernel ran, not the torch form
+    assert_rule(acc[:, :, rows], ref, theirs, dtype=torch.float32, seed=seed, what="merged out")
+    assert_rule(lse[:, :, rows], ref_lse, theirs_lse, dtype=torch.float32, seed=seed, what="merged lse", ulp_floor=True)
+    empty = rows.start + 6  # no key on either side
+    assert torch.equal(lse[:, :, empty].cpu(), torch.full_like(lse[:, :, empty].cpu(), -math.inf))
+    assert not acc[:, :, empty].any()
+    for x, y in ((acc, before), (lse, before_lse)):
+        keep = torch.ones(x.shape[2], dtype=torch.bool)
+        keep[rows] = False
+        assert torch.equal(x[:, :, keep], y[:, :, keep])
+
+
+def _interpret() -> bool:
+    from tiled_attn import _checks
+    return _checks.triton_interpret()
+
+
+@contextlib.contextmanager
+def _fused_merge(value):
+    old, D._FUSED_MERGE = D._FUSED_MERGE, value
+    try:
+        yield
+    finally:
+        D._FUSED_MERGE = old
+
+
+def _compile_merge_for_sm90a() -> list[str]:
+    """The merge kernel's builds as _merge_into launches them (float32 accumulator, partials in the
+    three dtypes, head dims 64/128/256 and an odd one)."""
+    import triton
+
+    from tiled_attn.triton.merge_outputs import merge_outputs_kernel
+    problems = []
+    for part in ("fp32", "bf16", "fp16"):
+        for d in (59, 64, 128, 256):
+            block_d = triton.next_power_of_2(d)
+            consts = dict(HEAD_DIM=d, BLOCK_M=max(1, 2048 // block_d), BLOCK_D=block_d)
+            signature = {"Acc": "*fp32", "AccLse": "*fp32", "Part": f"*{part}", "PartLse": "*fp32"}
+            for name in merge_outputs_kernel.arg_names[4:]:
+                signature[name] = "constexpr" if name in consts else "i32"
+            problems.append(sm90a_build_problem(f"merge {part} D={d}", merge_outputs_kernel, signature, consts,
+                                                {}, {"num_warps": 4}))
+    return [p for p in problems if p]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU run compiles and runs the kernel itself")
+def test_merge_kernel_compiles_for_sm90a():
+    """Offline sm_90a builds without spills (CPU CI: a compile error fails here, not on the GPU)."""
+    assert_none_without_interpreter("test_distributed", "_compile_merge_for_sm90a()", 600)

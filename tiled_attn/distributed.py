@@ -162,6 +162,12 @@ ALLGATHER_MAX_BYTES = 64 << 20
 # device sync and two copies, and nothing overlaps.
 _STAGE_THROUGH_CPU = False
 
+# The forward ring's merges: None = the fused Triton kernel (triton/merge_outputs.py, one pass over
+# the accumulator) on CUDA and reference.merge_attention_outputs (torch ops) elsewhere; True = the
+# kernel also on the CPU under TRITON_INTERPRET=1 (tests); False = the torch form everywhere (the
+# A/B of benchmarks/probe_context_parallel.py).
+_FUSED_MERGE: bool | None = None
+
 _KV, _DKV = 0, 1  # P2P tags: the K/V ring and the ring of their gradients
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -328,7 +334,7 @@ class _Plan:
     all-gather variant's chunk order, and the transport."""
 
     __slots__ = ("comm", "world", "rank", "scale", "causal", "backend", "allgather", "steps", "chunks",
-                 "owners", "acc_dtype")
+                 "owners", "acc_dtype", "merges")
 
     def __init__(self, q, k, group, causal: bool, scale: float, layout: str, allgather: bool, staged: bool):
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -341,25 +347,66 @@ class _Plan:
         self.chunks = _chunks(layout, self.world, self.rank)
         self.steps = _steps(layout, self.world, self.rank, nq, nk, causal)
         self.owners = _owners(layout, self.world)
+        self.merges: dict = {}  # the forward's merge launches (_merge_into), built at first use
 
 
 # ------------------------------------------------------------------------------------------------
 # the ring: forward and backward
 # ------------------------------------------------------------------------------------------------
+def _fused(acc: torch.Tensor) -> bool:
+    if acc.dtype != torch.float32 or _FUSED_MERGE is False:
+        return False
+    return acc.is_cuda or (_FUSED_MERGE is True and _checks.triton_interpret())
+
+
+def _merge_into(plan: _Plan, where, out, lse, o, l) -> None:
+    """out, lse (the float32/64 accumulator's rows of one block) become their merge with a block's
+    (o, l): the Triton kernel in one pass where _fused says so, else the torch form."""
+    if not _fused(out):
+        out[...], lse[...] = reference.merge_attention_outputs(out, lse, o.to(out.dtype), l.to(lse.dtype))
+        return
+    # One launch per block of the plan; the strides of ta.attention's results are its plan's, so
+    # they are part of the key rather than assumed.
+    key = (where, o.stride(), l.stride())
+    launch = plan.merges.get(key)
+    if launch is None:
+        import triton
+
+        from .triton.launch import Launch
+        from .triton.merge_outputs import merge_outputs_kernel
+        b, h, n, d = out.shape
+        block_d = triton.next_power_of_2(d)
+        # 16 elements of each operand a thread (4 warps): a memory-bound pass wants many warps resident;
+        # 64 a thread took 255 registers (sm_90a)
+        block_m = max(1, 2048 // block_d)
+        launch = plan.merges[key] = Launch(merge_outputs_kernel, (triton.cdiv(n, block_m), b * h),
+                                           dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_D=block_d), out.device)
+    launch(out, lse, o, l, *out.stride(), *lse.stride(), *o.stride(), *l.stride(), out.shape[1], out.shape[2])
+
+
 def _ring_forward(plan: _Plan, q, k, v):
     b, h, nq, _ = q.shape
     acc_t = plan.acc_dtype
-    # (B, N, H, D) in memory like ta.attention's output; .to(q.dtype) below keeps the layout.
-    out = torch.zeros(b, nq, h, v.shape[-1], dtype=acc_t, device=q.device).transpose(1, 2)
-    lse = torch.full((b, h, nq), float("-inf"), dtype=acc_t, device=q.device)
-    kv = [k, v]
+    if plan.world == 1:  # one step, one block over every row: ta.attention's own result
+        (blk,), = plan.steps
+        o, l = attention(q, k, v, causal=blk.causal, scale=plan.scale, return_lse=True)
+        return o, l.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    kv, out, lse = [k, v], None, None
     for t, blocks in enumerate(plan.steps):
         incoming = plan.comm.post(kv, _KV) if t + 1 < plan.world else None
-        for blk in blocks:
+        for i, blk in enumerate(blocks):
             o, l = attention(q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k], causal=blk.causal,
                              scale=plan.scale, return_lse=True)
-            out[:, :, blk.q], lse[:, :, blk.q] = reference.merge_attention_outputs(
-                out[:, :, blk.q], lse[:, :, blk.q], o.to(acc_t), l.to(acc_t))
+            if out is None:
+                # The own step comes first and is one block over every row (_steps), so it starts
+                # the accumulator: (B, N, H, D) in memory like ta.attention's output (.to(q.dtype)
+                # below keeps the layout).
+                assert blk.q == slice(0, nq)
+                out = torch.empty(b, nq, h, v.shape[-1], dtype=acc_t, device=q.device).transpose(1, 2)
+                out.copy_(o)
+                lse = l.to(acc_t, copy=True)
+            else:
+                _merge_into(plan, (t, i), out[:, :, blk.q], lse[:, :, blk.q], o, l)
         if incoming is not None:
             kv = incoming.wait()
     return out.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
