@@ -14,6 +14,12 @@ scaling baseline), B = 1, --heads heads of D = --dim, causal, bf16, zigzag shard
   end), how much of the NCCL kernels' time some compute kernel overlaps (the ring hides its
   transfers when that is all of it), and the compute streams' idle time inside the span. The
   Chrome traces are written beside the summary (trace-W{W}-r{rank}.json).
+* --kernels L1,L2: on GPU 0 alone (no group), the blocks a ring step runs at local length L (the
+  own step: causal L×L; another rank's step: L/2 queries × L keys or L × L/2, not causal, the same
+  FLOPs), forward and backward timed apart, TFLOP/s each (forward 4·H·nq·nk·D, halved when causal;
+  backward 2.5× that). The ring's scaling leans on the two running alike.
+* --ncu-block {causal,rect}: run that block's backward twice at the first --kernels length and
+  exit (for ncu --launch-skip to profile the second call's kernels).
 Writes DIR/probe-context-parallel.json and .txt (the summary, also printed).
 """
 from __future__ import annotations
@@ -173,6 +179,52 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
         dist.destroy_process_group()
 
 
+def _blocks(local: int):
+    """(name, nq, nk, causal) of a zigzag ring step's calls at local length `local`."""
+    return [("own causal", local, local, True), ("rect L/2 x L", local // 2, local, False),
+            ("rect L x L/2", local, local // 2, False)]
+
+
+def _block_inputs(nq: int, nk: int, heads: int, dim: int):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn((1, heads, nq, dim), generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    k, v = (torch.randn((1, heads, nk, dim), generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    return q, k, v
+
+
+def kernel_rates(locals_, heads: int, dim: int) -> list[dict]:
+    import tiled_attn as ta
+    rows = []
+    for local in locals_:
+        for name, nq, nk, causal in _blocks(local):
+            q, k, v = _block_inputs(nq, nk, heads, dim)
+            flops = 4 * heads * nq * nk * dim * (0.5 if causal else 1.0)
+            out = ta.attention(q, k, v, causal=causal)
+            go = torch.randn_like(out)
+
+            def fwd():
+                with torch.no_grad():
+                    ta.attention(q, k, v, causal=causal)
+
+            def bwd():
+                torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+            got = dict(local=local, block=name, nq=nq, nk=nk, causal=causal)
+            for what, call, f in (("fwd", fwd, flops), ("bwd", bwd, 2.5 * flops)):
+                call()
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(3):
+                    call()
+                b.record()
+                torch.cuda.synchronize()
+                ms = a.elapsed_time(b) / 3
+                got[f"{what}_ms"], got[f"{what}_tflops"] = ms, f / ms / 1e9
+            rows.append(got)
+    return rows
+
+
 def main(argv=None) -> None:
     import torch.multiprocessing as mp
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -184,12 +236,25 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--repeat-s", type=float, default=0.5)
+    ap.add_argument("--kernels", default="", help="local lengths, e.g. 32768,65536")
+    ap.add_argument("--ncu-block", choices=("causal", "rect"), default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    locals_ = [int(x) for x in args.kernels.split(",") if x]
+    if args.ncu_block:
+        _, nq, nk, causal = _blocks(locals_[0])[0 if args.ncu_block == "causal" else 1]
+        import tiled_attn as ta
+        q, k, v = _block_inputs(nq, nk, args.heads, args.dim)
+        for _ in range(2):
+            out = ta.attention(q, k, v, causal=causal)
+            out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+        return
     result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "n": args.n,
-              "heads": args.heads, "dim": args.dim, "command": " ".join(sys.argv), "rows": [], "profiles": []}
-    for world in (int(w) for w in args.worlds.split(",")):
+              "heads": args.heads, "dim": args.dim, "command": " ".join(sys.argv), "rows": [], "profiles": [],
+              "kernels": kernel_rates(locals_, args.heads, args.dim) if locals_ else []}
+    for world in (int(w) for w in args.worlds.split(",") if w):
         if world > torch.cuda.device_count():
             continue
         with tempfile.TemporaryDirectory() as tmp:
@@ -220,6 +285,11 @@ def _text(result: dict) -> str:
         eff = base[p] / (w * ms) if p in base else None
         lines.append(f"  W={w} merge={m:6s} {p:8s} {ms:9.2f} ms  rounds {['%.2f' % x for x in v]}"
                      + ("" if eff is None else f"  efficiency {eff:.1%}"))
+    if result.get("kernels"):
+        lines += ["", "one GPU, a ring step's blocks alone (bf16, B=1):"]
+        for r in result["kernels"]:
+            lines.append(f"  L={r['local'] // 1024}k {r['block']:13s} {r['nq']:>6}x{r['nk']:<6} fwd {r['fwd_ms']:7.2f} ms "
+                         f"{r['fwd_tflops']:5.0f} TFLOP/s   bwd {r['bwd_ms']:7.2f} ms {r['bwd_tflops']:5.0f} TFLOP/s")
     for pr in result["profiles"]:
         if "error" in pr:
             lines.append(f"W={pr['world']} rank {pr['rank']}: {pr['error']}")

@@ -269,18 +269,21 @@ def _signature_checks(rank: int, world: int) -> int:
 
 
 def _ring_events(rank: int, world: int) -> list[str]:
-    """The forward ring's events in order: 'post' (a K/V transfer posted), 'attn' (a local compute),
-    'wait' (a transfer waited for)."""
-    log, post, wait, attn = [], D._Comm.post, D._Pending.wait, D.attention
-    D._Comm.post = lambda self, t, tag: (log.append("post"), post(self, t, tag))[1]
-    D._Pending.wait = lambda self: (log.append("wait"), wait(self))[1]
+    """The ring's events in order, forward then backward: 'post kv'/'post dkv' (a transfer of the
+    K/V or of their gradients posted), 'wait kv'/'wait dkv' (one waited for), 'attn' (a forward
+    block), 'bwd' (a backward block)."""
+    log, post, wait, attn, bwd = [], D._Comm.post, D._Pending.wait, D.attention, D._backward_impl
+    name = {D._KV: "kv", D._DKV: "dkv"}
+    D._Comm.post = lambda self, t, tag: (log.append(f"post {name[tag]}"), post(self, t, tag))[1]
+    D._Pending.wait = lambda self: (log.append(f"wait {name[self.tag]}"), wait(self))[1]
     D.attention = lambda *a, **kw: (log.append("attn"), attn(*a, **kw))[1]
+    D._backward_impl = lambda *a, **kw: (log.append("bwd"), bwd(*a, **kw))[1]
     try:
         gen = torch.Generator().manual_seed(3)
-        q, k, v = (randn((1, 2, 8, 8), torch.float32, "cpu", gen) for _ in range(3))
-        D.context_parallel_attention(q, k, v, causal=True, strategy="ring")
+        q, k, v = (randn((1, 2, 8, 8), torch.float32, "cpu", gen).requires_grad_() for _ in range(3))
+        D.context_parallel_attention(q, k, v, causal=False, strategy="ring").sum().backward()
     finally:
-        D._Comm.post, D._Pending.wait, D.attention = post, wait, attn
+        D._Comm.post, D._Pending.wait, D.attention, D._backward_impl = post, wait, attn, bwd
     return log
 
 
@@ -300,6 +303,8 @@ def _worker(rank: int, world: int, port: int, spec_path: str) -> None:
         if spec.get("errors"):
             got["errors"] = _error_calls(rank)
             got["checks"] = _signature_checks(rank, world)
+            got["events"] = _ring_events(rank, world)
+        if spec.get("events"):
             got["events"] = _ring_events(rank, world)
         got["cases"] = [_run_case(c, rank, world, device) for c in spec["cases"]]
         if spec.get("compiled"):
@@ -430,7 +435,7 @@ def run2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run4(tmp_path_factory):
     sub = [cases(2)[:3], cases(2)[3:6]]  # subgroup {0, 2} runs these, {1, 3} those
-    return spawn(4, dict(cases=cases(4), subgroups=sub), tmp_path_factory.mktemp("world4"))
+    return spawn(4, dict(cases=cases(4), subgroups=sub, events=True), tmp_path_factory.mktemp("world4"))
 
 
 @pytest.mark.parametrize("i", range(len(cases(2))), ids=[c["name"] for c in cases(2)])
@@ -582,13 +587,30 @@ def test_signature_checked_once(run2):
     assert [r["checks"] for r in run2] == [1, 1]
 
 
-def test_transfer_posted_before_compute(run2):
-    """The forward ring at world 2: the next K/V transfer is posted, then the step computes, then
-    the transfer is waited for; the last step posts nothing."""
-    for r in run2:
-        ev = r["events"]
-        assert ev[0] == "post" and ev.count("post") == 1, ev
-        assert "attn" in ev[1:ev.index("wait")] and "attn" in ev[ev.index("wait"):], ev
+# What _KVRing promises (one block a step: not causal). Forward, ahead = 1: the transfer for step
+# t + 1 is posted before step t computes, right after the one for step t has arrived. Backward,
+# ahead = 2: the K/V transfer for step t + 2 is posted before step t computes, so it is queued ahead
+# of step t's gradient transfer (posted after step t: it carries its result).
+EXPECTED_EVENTS = {
+    2: ["post kv", "attn", "wait kv", "attn",
+        "post kv", "bwd", "post dkv", "wait kv", "bwd", "wait dkv", "post dkv", "wait dkv"],
+    4: ["post kv", "attn", "wait kv", "post kv", "attn", "wait kv", "post kv", "attn", "wait kv", "attn",
+        "post kv", "wait kv", "post kv",          # transfers 1 and 2 before step 0
+        "bwd", "post dkv",                        # step 0, its gradients sent on
+        "wait kv", "post kv", "bwd", "wait dkv", "post dkv",   # transfer 3 before step 1
+        "bwd", "wait dkv", "post dkv",
+        "wait kv", "bwd", "wait dkv", "post dkv",
+        "wait dkv"],                              # this rank's own K/V gradients, back home
+}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_transfers_posted_ahead_of_compute(run2, run4, world):
+    """The order of the ring's transfers and computes on every rank, forward and backward
+    (EXPECTED_EVENTS: why this order hides the transfers)."""
+    want = EXPECTED_EVENTS[world]
+    for r in (run2 if world == 2 else run4):
+        assert r["events"] == want, (r["events"], want)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -859,10 +881,10 @@ def test_merge_kernel(part_dtype, n, d):
         pytest.skip("the Triton merge needs a CUDA device or TRITON_INTERPRET=1")
     seed = seed_for(f"tests/test_distributed.py::test_merge_kernel[{part_dtype}-{n}-{d}]")
     acc64, lse64, rows, part, part_lse = _merge_inputs(part_dtype, n, d, device, seed)
-    ref, ref_lse = reference.merge_attention_outputs(acc64[:, :, rows], lse64[:, :, rows], part.double(),
-                                                     part_lse.double())
+    ref, ref_lse = reference.merge_attention_outputs(acc64[:, :, rows], lse64[:, :, rows], part.double().cpu(),
+                                                     part_lse.double().cpu())
     theirs, theirs_lse = reference.merge_attention_outputs(acc64[:, :, rows].float(), lse64[:, :, rows].float(),
-                                                           part.float(), part_lse)
+                                                           part.float().cpu(), part_lse.cpu())
     acc = torch.empty(acc64.transpose(1, 2).shape, dtype=torch.float32, device=device).transpose(1, 2)
     acc.copy_(acc64)
     lse = lse64.float().to(device)
@@ -877,7 +899,7 @@ def test_merge_kernel(part_dtype, n, d):
     assert torch.equal(lse[:, :, empty].cpu(), torch.full_like(lse[:, :, empty].cpu(), -math.inf))
     assert not acc[:, :, empty].any()
     for x, y in ((acc, before), (lse, before_lse)):
-        keep = torch.ones(x.shape[2], dtype=torch.bool)
+        keep = torch.ones(x.shape[2], dtype=torch.bool, device=x.device)
         keep[rows] = False
         assert torch.equal(x[:, :, keep], y[:, :, keep])
 

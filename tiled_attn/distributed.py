@@ -136,6 +136,8 @@ kernels, ring and all-gather, forward and backward); the benchmark needs ≥ 2 G
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
 import operator
 import struct
@@ -275,8 +277,8 @@ class _Pending:
     """Transfers posted and not yet waited for: wait() returns the received tensors (on the
     compute device). The sent tensors are held until then: the backend reads them asynchronously."""
 
-    def __init__(self, works, received, sent, device):
-        self.works, self.received, self.sent, self.device = works, received, sent, device
+    def __init__(self, works, received, sent, device, tag: int):
+        self.works, self.received, self.sent, self.device, self.tag = works, received, sent, device, tag
 
     def wait(self) -> list[torch.Tensor]:
         for w in self.works:
@@ -294,6 +296,15 @@ class _Comm:
         self.group, self.world, self.rank, self.staged = group, world, rank, staged
         self.next = dist.get_global_rank(group, (rank + 1) % world)
         self.prev = dist.get_global_rank(group, (rank - 1) % world)
+        self._side: dict = {}
+
+    def side_stream(self, device: torch.device):
+        """The CUDA stream the K/V ring posts its transfers from (None off CUDA or staged): see _KVRing."""
+        if self.staged or device.type != "cuda":
+            return None
+        if device not in self._side:
+            self._side[device] = torch.cuda.Stream(device)
+        return self._side[device]
 
     def post(self, tensors, tag: int) -> _Pending:
         """Send `tensors` to the next rank and receive as many of the same shapes from the previous
@@ -303,7 +314,7 @@ class _Comm:
         received = [torch.empty_like(t) for t in sent]
         ops = ([dist.P2POp(dist.isend, t, self.next, self.group, tag) for t in sent]
                + [dist.P2POp(dist.irecv, t, self.prev, self.group, tag) for t in received])
-        return _Pending(dist.batch_isend_irecv(ops), received, sent, device)
+        return _Pending(dist.batch_isend_irecv(ops), received, sent, device, tag)
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         """(world, *t.shape): every rank's t, by rank."""
@@ -322,6 +333,75 @@ class _Comm:
         out = src.new_empty(tuple(t.shape[1:]))
         _reduce_scatter(out, src.flatten(0, 1), group=self.group)
         return out.to(t.device)
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class _KVRing:
+    """The K/V of the ring's steps, each transfer posted `ahead` steps before the compute that needs it.
+
+    Why a side stream. A transfer (batch_isend_irecv) makes the NCCL stream wait for everything
+    enqueued on the stream it is posted from; posted from the compute stream, the transfer for step
+    t + 1 would wait for step t's kernel, and only then compete with step t + 1's kernel for SMs. A
+    GPU hands a kernel's blocks out in launch order, so the NCCL kernel (8 blocks of ~100 KB shared
+    memory, beside attention blocks that take ~230 KB) got SMs only when step t + 1's kernel had
+    dispatched its last wave, and step t + 2 waited for the transfer: measured on the H100 (4 GPUs,
+    N = 128k), ~6 ms of a 35 ms forward exposed (benchmarks/results/2026-11-27-h100x4-probe-
+    context-parallel*). Posted from a side stream that waits only for the previous transfer, each
+    transfer is queued as soon as its data has arrived, gets SMs at the tail of the kernel then
+    running, and is done long before the step that reads it (the compute stream waits for that
+    transfer's event alone).
+
+    `ahead`: 1 in the forward. The backward's gradient ring shares the NCCL stream (same peers) and
+    posts after each step's compute; with `ahead` = 2 the K/V transfers are queued before the
+    gradient transfer of the step before, so they never wait behind a step's compute.
+    Off CUDA (gloo, or staged through the CPU) the same calls run in order on the one stream.
+    """
+
+    def __init__(self, comm: "_Comm", k, v, ahead: int):
+        self.comm, self.left, self.ahead = comm, comm.world - 1, ahead
+        self.side = comm.side_stream(k.device)
+        self.latest, self.pending = [k, v], None
+        self.ready: collections.deque = collections.deque()  # (received K/V, its arrival event)
+        if self.side is not None:  # the caller's k, v are written before they are sent
+            self.side.wait_stream(torch.cuda.current_stream(k.device))
+        for _ in range(ahead):
+            self._post()
+
+    def _post(self) -> None:
+        """Post the next transfer (it sends the latest K/V held); nothing once every one is posted."""
+        if self.left == 0:
+            return
+        self.left -= 1
+        with _on(self.side):
+            if self.pending is not None:
+                self._arrived()
+            self.pending = self.comm.post(self.latest, _KV)
+
+    def _arrived(self) -> None:
+        # buffers allocated on the side stream, waited for there: the compute stream takes them next
+        self.latest, self.pending = self.pending.wait(), None
+        event = None
+        if self.side is not None:
+            event = torch.cuda.Event()
+            event.record(self.side)
+        self.ready.append((self.latest, event))
+
+    def step(self) -> list[torch.Tensor]:
+        """The next step's K/V, ready on the compute stream; posts the transfer `ahead` steps on."""
+        self._post()
+        if not self.ready:
+            with _on(self.side):
+                self._arrived()
+        kv, event = self.ready.popleft()
+        if event is not None:
+            compute = torch.cuda.current_stream(kv[0].device)
+            compute.wait_event(event)
+            for t in kv:
+                t.record_stream(compute)
+        return kv
 
 
 # torch 2.13 renamed these (the old names warn); older torch has only the old ones.
@@ -391,9 +471,11 @@ def _ring_forward(plan: _Plan, q, k, v):
         (blk,), = plan.steps
         o, l = attention(q, k, v, causal=blk.causal, scale=plan.scale, return_lse=True)
         return o, l.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    ring = _KVRing(plan.comm, k, v, ahead=1)
     kv, out, lse = [k, v], None, None
     for t, blocks in enumerate(plan.steps):
-        incoming = plan.comm.post(kv, _KV) if t + 1 < plan.world else None
+        if t:
+            kv = ring.step()
         for i, blk in enumerate(blocks):
             o, l = attention(q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k], causal=blk.causal,
                              scale=plan.scale, return_lse=True)
@@ -407,17 +489,17 @@ def _ring_forward(plan: _Plan, q, k, v):
                 lse = l.to(acc_t, copy=True)
             else:
                 _merge_into(plan, (t, i), out[:, :, blk.q], lse[:, :, blk.q], o, l)
-        if incoming is not None:
-            kv = incoming.wait()
     return out.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 def _ring_backward(plan: _Plan, q, k, v, out, lse, grad_out, grad_lse):
     acc_t = plan.acc_dtype
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    ring = _KVRing(plan.comm, k, v, ahead=2)
     kv, sums = [k, v], None  # sums: the K/V gradients of this step's owner, from the ranks before
     for t, blocks in enumerate(plan.steps):
-        incoming = plan.comm.post(kv, _KV) if t + 1 < plan.world else None
+        if t:
+            kv = ring.step()
         dkv = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in kv]
         for blk in blocks:
             nq_b, nk_b = blk.q.stop - blk.q.start, blk.k.stop - blk.k.start
@@ -433,8 +515,6 @@ def _ring_backward(plan: _Plan, q, k, v, out, lse, grad_out, grad_lse):
             for acc, s in zip(dkv, sums.wait()):
                 acc += s
         sums = plan.comm.post(dkv, _DKV) if plan.world > 1 else None
-        if incoming is not None:
-            kv = incoming.wait()
     dk, dv = dkv if sums is None else sums.wait()  # after world hops: this rank's own K/V's sums
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
