@@ -84,12 +84,19 @@ class ContextParallelSuite:
     def _measure(self, cfg, n_gpus: int) -> list[dict]:
         import torch.multiprocessing as mp
         ns = self.quick_seq_lens if cfg.quick else self.seq_lens
+        worlds = self.worlds
+        # A partial run within a device budget: TILED_ATTN_CP_SEQ_LENS / TILED_ATTN_CP_WORLDS (comma
+        # lists) replace the declared lengths and world sizes; the results name them.
+        if os.environ.get("TILED_ATTN_CP_SEQ_LENS"):
+            ns = tuple(int(x) for x in os.environ["TILED_ATTN_CP_SEQ_LENS"].split(","))
+        if os.environ.get("TILED_ATTN_CP_WORLDS"):
+            worlds = tuple(int(x) for x in os.environ["TILED_ATTN_CP_WORLDS"].split(","))
         deadline = time.time() + (cfg.time_cap_s if cfg.time_cap_s else 1e9)
         rows = []
         # The most GPUs first: a run that reaches its time cap loses one-GPU baselines, not the
         # comparisons of the ring with torch's CP at the machine's size.
-        for world in sorted({w for w, _ in plan_cases(ns, self.worlds, n_gpus)}, reverse=True):
-            spec = dict(seq_lens=[n for w, n in plan_cases(ns, self.worlds, n_gpus) if w == world],
+        for world in sorted({w for w, _ in plan_cases(ns, worlds, n_gpus)}, reverse=True):
+            spec = dict(seq_lens=[n for w, n in plan_cases(ns, worlds, n_gpus) if w == world],
                         heads=self.heads, head_dim=self.head_dim, seed=cfg.seed, deadline=deadline,
                         repeat_s=0.2 if cfg.quick else 0.5, max_n=self.max_n,
                         providers=[p for p in providers(world) if not cfg.provider_filter or cfg.provider_filter(p)])
@@ -154,14 +161,16 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300), device_id=torch.device("cuda", rank))
+                            timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", rank))
     try:
         rows = []
         for i, n in enumerate(spec["seq_lens"]):
             for prov in spec["providers"]:
                 for pass_ in PASSES:
                     row = dict(world=world, n=n, provider=prov, pass_=pass_)
-                    if time.time() > spec["deadline"]:
+                    late = torch.tensor([float(time.time() > spec["deadline"])], device="cuda")
+                    dist.all_reduce(late, op=dist.ReduceOp.MAX)  # every rank skips alike, or none does
+                    if late.item():
                         rows.append(dict(row, status=h.SKIPPED, error=CAPPED))
                         continue
                     if n > spec["max_n"].get(prov, n):
@@ -272,15 +281,23 @@ def _time(call, repeat_s: float, dist) -> float:
     the same number of calls (the fewest any rank asked for). A warm-up that alone takes repeat_s
     (compiles included) is the estimate: one timed call follows, without a second untimed one (a
     1M-token call on one GPU takes tens of seconds)."""
+    def slowest(seconds: float) -> float:
+        # Every decision below is taken on every rank alike, from the slowest rank's time: a rank
+        # that skipped the second call while another made it would leave the two in different
+        # collectives (seen on 4 H100s: a hang until NCCL's timeout).
+        t = torch.tensor([seconds], device="cuda", dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
     t0 = time.perf_counter()
     call()
     torch.cuda.synchronize()
-    took = time.perf_counter() - t0
+    took = slowest(time.perf_counter() - t0)
     if took < repeat_s:
         t0 = time.perf_counter()
         call()
         torch.cuda.synchronize()
-        took = time.perf_counter() - t0
+        took = slowest(time.perf_counter() - t0)
     reps = torch.tensor([max(1, min(50, int(repeat_s / max(took, 1e-6))))], device="cuda")
     dist.all_reduce(reps, op=dist.ReduceOp.MIN)
     dist.barrier()
