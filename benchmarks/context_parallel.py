@@ -15,8 +15,11 @@ N / time. Scaling efficiency = tokens/s at W / (W × tokens/s of ta.attention on
 one GPU). Before timing, at the smallest N, our providers' outputs are compared with the one-GPU
 ta.attention of the whole sequence (a sanity check, max |diff| <= 4 bf16 ulps of max |out|; the
 numerics rule is tests/test_distributed.py's); one that fails is FAILED and not timed. torch's CP is
-timed unchecked: its output is sharded by its own load balancer's layout. Not yet run on a machine
-with two GPUs (written on a CPU-only one): the first run may need fixes, torch's CP above all.
+timed unchecked: its output is sharded by its own load balancer's layout (on the H100 its SDPA is
+cuDNN: torch 2.11's CP dispatches _scaled_dot_product_cudnn_attention). Every rank takes the timing
+decisions (a second warm-up call, the repeat count, the time cap) from the slowest rank's figures,
+so no rank enters a collective the others skip. Run on 4 H100s: benchmarks/results/
+2026-11-27-h100x4-context_parallel-{quick,cut}.md.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from . import harness as h
 RING, ALLGATHER, ONE_GPU, TORCH_CP, SDPA = ("tiled_attn ring", "tiled_attn allgather", "ta.attention (1 GPU)",
                                             "torch CP (SDPA)", "SDPA (1 GPU)")
 PASSES = ("fwd", "fwd+bwd")
+# report.plot_suite: Mtok/s against N, a panel per world size and pass
+PLOT = {"kind": "lines", "x": "N", "rows": "W", "cols": "pass_"}
 CAPPED = "the suite's time cap was reached"
 
 
@@ -77,7 +82,7 @@ class ContextParallelSuite:
         return {"name": self.name, "title": self.title, "device": self.device, "unit": "Mtok/s", "ceiling": None,
                 "convention": "global tokens per second of the whole group (N / slowest rank's time per call)",
                 "notes": __doc__.split("\n\n")[2].replace("\n", " "), "baselines": [TORCH_CP, "1 GPU × W"],
-                "plot": {}, "elapsed_s": time.perf_counter() - t0,
+                "plot": PLOT, "elapsed_s": time.perf_counter() - t0,
                 "capped": any(r["error"] == CAPPED for r in records), "device_lost": "",
                 "records": records, "markdown": _markdown(records)}
 
@@ -131,6 +136,22 @@ def _records(suite: str, rows: list[dict]) -> list[dict]:
                 (TORCH_CP, theirs / r["ms"] if theirs and role == "ours" else None)) if v is not None}
         records.append(rec)
     return records
+
+
+def rows_from_log(lines) -> list[dict]:
+    """The rows of a run's progress lines (the worker prints one per measured row): what is left of
+    a run stopped before its suite wrote its results."""
+    import re
+    rows = []
+    for line in lines:
+        m = re.match(r"context_parallel W=(\d+) N=(\d+) (.+) (fwd\+bwd|fwd): (\w+) ?([0-9.]*) ?(.*)$", line.strip())
+        if m:
+            w, n, prov, pass_, status, ms, err = m.groups()
+            row = dict(world=int(w), n=int(n), provider=prov, pass_=pass_, status=status, error=err)
+            if ms:
+                row["ms"] = float(ms)
+            rows.append(row)
+    return rows
 
 
 def _markdown(records) -> list[str]:

@@ -1,10 +1,15 @@
 """Context parallelism (issue 17): ta.distributed.context_parallel_attention over 1 to 8 GPUs of one
 host (B=1, 16 heads, D=128, causal, bf16, zigzag), tokens/s, scaling efficiency against one GPU and
 the ratio to torch's context_parallel with SDPA (benchmarks/context_parallel.py spawns one NCCL group
-per world size; with fewer than 2 GPUs it reports skipped). 8k and 16k bracket the all-gather rule
-(distributed.ALLGATHER_MAX_BYTES = 64 MiB of K/V: 8k tokens here); 32k to 1M is the issue's range.
+per world size; with fewer than 2 GPUs it reports skipped). 8k to 64k bracket the all-gather rule
+(distributed.ALLGATHER_MAX_BYTES = 32 MiB of K/V a rank: 8k tokens at 2 ranks, 16k at 4); 32k to 1M
+is the issue's range.
 
     python -m benchmarks --suite context_parallel [--quick]
+    TILED_ATTN_CP_SEQ_LENS=131072,262144 TILED_ATTN_CP_WORLDS=1,4 python -m benchmarks --suite context_parallel
+
+The whole suite takes longer than a 10-minute device call on 4 H100s (one GPU's 1M-token forward and
+backward alone is ~45 s a call, measured twice): run it in parts with the two variables above.
 """
 from . import context_parallel
 

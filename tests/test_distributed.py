@@ -548,11 +548,20 @@ def test_compiled_disagreement_raises_on_every_rank(run2_compiled):
 
 
 def test_strategy_rule(run2):
-    """strategy=None picks the all-gather for a small K/V; explicit strategies are obeyed."""
+    """strategy=None picks the all-gather for a small K/V shard; explicit strategies are obeyed."""
     for i, c in enumerate(cases(2)):
-        want = c["strategy"] == "allgather" or (c["strategy"] is None and 2 * c["k"].numel() * c["k"].element_size()
-                                                <= D.ALLGATHER_MAX_BYTES)
+        shard = c["k"].numel() // 2
+        want = c["strategy"] == "allgather" or (c["strategy"] is None and D._allgather_by_rule(shard, 4))
         assert run2[0]["cases"][i]["allgather"] == want, c["name"]
+
+
+@pytest.mark.parametrize("world,n,want", [(2, 8192, True), (2, 16384, False), (4, 16384, True), (4, 32768, False),
+                                          (8, 32768, True)])
+def test_allgather_rule_per_shard(world, n, want):
+    """The measured rule (H100 x4, bf16, 16 heads, D = 128): the all-gather while a rank's K/V shard
+    is <= 32 MiB, so a larger group all-gathers longer sequences (more ring steps to hide)."""
+    shard_numel = 16 * (n // world) * 128
+    assert D._allgather_by_rule(shard_numel, 2) is want
 
 
 ERRORS = {  # case: (type, words of the message), on every rank unless a rank is named

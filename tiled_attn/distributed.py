@@ -17,19 +17,23 @@ sees global key j iff j <= i, one sequence: q and k shards of the same length).
 
 The ring (strategy "ring"). K/V travel around the ranks: at step t rank r holds the K/V of rank
 r − t and sends them on to r + 1 while receiving the next ones from r − 1 (dist.batch_isend_irecv
-of dist.P2POp). The next step's transfer is posted BEFORE the current step's local compute, so the
-transfer overlaps it; world − 1 transfers in all. Per (query chunk, key chunk) pair: a key chunk
+of dist.P2POp). Each transfer is posted from a side stream as soon as the one before it has
+arrived, one step ahead of the compute that needs it (two in the backward), so it overlaps the
+compute (_KVRing says why a side stream); world − 1 transfers in all. Per (query chunk, key chunk) pair: a key chunk
 before the query chunk is attended in full, the same chunk with the causal diagonal, a chunk after
 is skipped (no compute). Each step's pairs become a few calls of the public ta.attention(...,
 return_lse=True) on views of q and of the K/V held (so any backend the tensors pick; GQA and head
-dims as ta.attention): the own step is one causal call on the whole local block (the local chunks
-ascend, so the global mask restricted to them is the local causal one); another rank's step is one
+dims as ta.attention): the own step is the local causal mask (the local chunks ascend, so the
+global mask restricted to them is the local causal one), in the forward as two calls by query rows
+(_own_calls: a short first kernel lets the first transfer in early); another rank's step is one
 full call (zigzag: every query against the other rank's first chunk when that rank is earlier, or
 the second local query chunk against both of its chunks when it is later: half a block either way).
-Each call's (out, lse) is merged into a float32 (float64 for float64 inputs) accumulator with
-reference.merge_attention_outputs: a finished result is the online state (m = lse, l = 1) with the
-accumulator out, so this is the same merge_states as split-KV decode, -inf guard included (a row
-whose keys so far were all masked, lse = -inf, merges without NaN). The partial outputs arrive in
+Each call's (out, lse) is merged into a float32 (float64 for float64 inputs) accumulator: a
+finished result is the online state (m = lse, l = 1) with the accumulator out, so this is the same
+merge as split-KV decode, -inf guard included (a row whose keys so far were all masked, lse = -inf,
+merges without NaN). On CUDA one Triton kernel does it in one pass (triton/merge_outputs.py, the
+online verbs of triton/online.py); elsewhere, and for float64, reference.merge_attention_outputs
+(about a dozen torch ops: measured 37.5 vs 34.6 ms a forward on 4 H100s at N = 128k). The partial outputs arrive in
 the input dtype (ta.attention's), so 16-bit inputs carry one extra rounding per partial.
 
 Backward (strategy "ring"): a torch.autograd.Function saves the local q, k, v and the merged out and
@@ -49,14 +53,17 @@ The all-gather variant (strategy "allgather"): one dist.all_gather of K/V, reord
 sequence, then per local query chunk one ta.attention over the keys it can see (causal: the chunk's
 prefix of the sequence, bottom-right aligned), autograd through ta.attention's own backward; the
 backward reduce-scatters the K/V gradients (in float32) back to their owners. Rule, for
-strategy=None: all-gather when the whole sequence's K/V (2·B·Hkv·N·D elements, over all ranks) is at
-most ALLGATHER_MAX_BYTES (64 MiB), else the ring. Why: the ring makes world − 1 dependent steps, each
+strategy=None: all-gather when this rank's K/V shard (2·B·Hkv·N/world·D elements) is at most
+ALLGATHER_MAX_BYTES (32 MiB), else the ring. Why: the ring makes world − 1 dependent steps, each
 with a latency floor (a P2P round trip, the launches and a merge) that only a step's compute,
 growing as (N/world)², can hide; for short sequences it cannot, and one all-gather (bandwidth-
-optimal, the same bytes per rank as the ring) wins. Its cost is memory, the whole K/V on every rank:
-64 MiB is e.g. 16k tokens of 8 K/V heads of D = 128 in bf16, small beside a model's activations.
-The threshold is a reasoned choice, NOT a measurement (no multi-GPU machine was at hand):
-benchmarks/suite_context_parallel.py is where it gets its number. strategy="ring"/"allgather"
+optimal, the same bytes per rank as the ring) wins. The more ranks, the more steps, so the bound is
+per shard: the whole K/V it allows grows with the group. Measured on 4 H100s (NVLink, NCCL; causal
+zigzag, bf16, B = 1, 16 heads, D = 128, so a shard of N/world tokens holds 8 KiB a token;
+benchmarks/results/2026-11-27-h100x4-context_parallel-cut.md), the all-gather against the ring,
+forward / forward+backward: 2 ranks, 8k tokens (32 MiB a shard) 1.8× / 1.14×, 16k (64 MiB) 0.77× /
+0.96×; 4 ranks, 8k (16 MiB) 3.4× / 2.9×, 16k (32 MiB) 1.9× / 1.7×, 32k (64 MiB) 1.05× / 1.04×,
+64k 0.93× / 1.03×. Its cost is memory, the whole K/V on every rank. strategy="ring"/"allgather"
 overrides the rule.
 
 Checks (DESIGN §5). Everything ta.attention checks, plus: an initialized process group (group=None:
@@ -129,10 +136,14 @@ forward within 2.4e-7 of eager's). On one H200 (2026-11-26) the GPU test passed:
 ranks sharing the GPU (gloo, transfers staged through the CPU), the ring and the all-gather in bf16.
 
 Verified where: on the CPU with gloo at world sizes 1, 2 and 4, including a subgroup, against the
-float64 reference of the whole sequence under DESIGN §4's rule, forward and backward
-(tests/test_distributed.py). The CUDA paths (NCCL at world size 1; two ranks sharing one GPU through
-gloo with _STAGE_THROUGH_CPU) passed their tests on one H200 (2026-11-26, bf16/fp16 on the Triton
-kernels, ring and all-gather, forward and backward); the benchmark needs ≥ 2 GPUs and has not run.
+float64 reference of the whole sequence under DESIGN §4's rule, forward and backward, and the merge
+kernel under the interpreter (tests/test_distributed.py). On 4 H100s (nvidia-h100-x4, 2026-11-27):
+NCCL with one rank per GPU at 2 and 4 ranks, eager (forward and backward; ring and all-gather;
+bf16, fp16, float32; D 59 to 128; GQA) and compiled with Inductor, passed at 7620174; the eager
+tests again after the side-stream ring (18df875); compute-sanitizer memcheck of the merge kernel,
+0 errors (it uses no shared memory: nothing for racecheck). The own step's split (0281ec4) ran on
+the GPUs only inside the benchmark, whose check of the ring and the all-gather against one GPU
+passed at 4 ranks. Figures: benchmarks/results/2026-11-27-h100x4-*.
 """
 from __future__ import annotations
 
@@ -154,9 +165,14 @@ __all__ = ["context_parallel_attention", "ALLGATHER_MAX_BYTES", "LAYOUTS", "STRA
 
 LAYOUTS = ("zigzag", "contiguous")
 STRATEGIES = ("ring", "allgather")
-# strategy=None: the all-gather variant up to this many bytes of the whole sequence's K/V (module
-# docstring: why, and that it is not measured yet).
-ALLGATHER_MAX_BYTES = 64 << 20
+# strategy=None: the all-gather variant while this rank's K/V shard is at most this many bytes
+# (module docstring: why, and the H100 measurements it comes from).
+ALLGATHER_MAX_BYTES = 32 << 20
+
+
+def _allgather_by_rule(k_shard_numel: int, element_size: int) -> bool:
+    """strategy=None's choice: the all-gather while this rank's K and V shards fit ALLGATHER_MAX_BYTES."""
+    return 2 * k_shard_numel * element_size <= ALLGATHER_MAX_BYTES
 
 # Test aid, not a supported configuration: route every transfer through CPU copies, so that a gloo
 # group carries CUDA tensors. tests/test_distributed.py sets it in the two ranks that share one GPU,
@@ -344,16 +360,16 @@ class _KVRing:
 
     Why a side stream. A transfer (batch_isend_irecv) makes the NCCL stream wait for everything
     enqueued on the stream it is posted from; posted from the compute stream, the transfer for step
-    t + 1 would wait for step t's kernel, and only then compete with step t + 1's kernel for SMs. A
-    GPU hands a kernel's blocks out in launch order, so the NCCL kernel (8 blocks of ~100 KB shared
-    memory, beside attention blocks that take ~230 KB) got SMs only when step t + 1's kernel had
-    dispatched its last wave, and step t + 2 waited for the transfer: measured on the H100 (4 GPUs,
-    N = 128k), ~6 ms of a 35 ms forward exposed (benchmarks/results/2026-11-27-h100x4-probe-
-    context-parallel*). Posted from a side stream that waits only for the previous transfer, each
-    transfer is queued as soon as its data has arrived, gets SMs at the tail of the kernel then
-    running, and is done long before the step that reads it (the compute stream waits for that
-    transfer's event alone).
-
+    t + 1 waited for step t's kernel, and then competed with step t + 1's kernel for SMs. A GPU
+    hands a kernel's blocks out in launch order, so the NCCL kernel (8 blocks of ~100 KB shared
+    memory, beside attention blocks of ~230 KB) got SMs only at the last wave of that kernel and
+    step t + 2 waited for the transfer. Posted from a side stream that waits only for the previous
+    transfer, each transfer is queued as soon as its data has arrived (the compute stream waits for
+    that transfer's event alone). Measured on 4 H100s, N = 128k, 16 heads, D = 128 (benchmarks/
+    results/2026-11-27-h100x4-probe-context-parallel-{a,b}.txt): a forward 34.6 -> 33.1 ms, its
+    kernels 26.5 ms; with the own step split too (_own_calls) 31.5 ms in the next run. What is left
+    is not explained yet: a single profiled call shows no exposed transfer on ranks that started
+    together, and no trace of back-to-back calls was taken.
     `ahead`: 1 in the forward. The backward's gradient ring shares the NCCL stream (same peers) and
     posts after each step's compute; with `ahead` = 2 the K/V transfers are queued before the
     gradient transfer of the step before, so they never wait behind a step's compute.
@@ -471,8 +487,9 @@ def _own_calls(blocks: list[_Block], nq: int) -> list[_Block]:
     Why: the first transfer and the own step's kernel become ready together at the start of a
     call (the transfer waits for the caller's k, v); a GPU hands out blocks in launch order, so
     when the kernel wins, the NCCL kernel gets SMs only at that kernel's last wave and every later
-    step waits for its transfer (measured on 4 H100s, N = 128k: 33 ms a forward where its kernels
-    take 26.5). A short first call puts that last wave early."""
+    step waits for its transfer (a model of the dispatch that predicts 4 H100s' 33 ms a forward at
+    N = 128k, kernels 26.5). A short first call puts that last wave early. Measured after: 31.5 ms
+    (the model predicted ~28; module _KVRing's docstring)."""
     (blk,) = blocks
     h = nq // 2
     if h == 0:
@@ -721,7 +738,7 @@ def _plan_for(q, k, v, group, causal, scale, layout, return_lse, strategy, needs
     _agree(group, mine, error)
     world = dist.get_world_size(group)
     allgather = (strategy == "allgather" if strategy is not None
-                 else 2 * k.numel() * world * k.element_size() <= ALLGATHER_MAX_BYTES)
+                 else _allgather_by_rule(k.numel(), k.element_size()))
     return _SIGNATURES.put(key, _Plan(q, k, group, causal, s, layout, allgather, staged))
 
 
@@ -854,7 +871,7 @@ def _traced_call(q, k, v, group, causal, scale, layout, return_lse, strategy):
     up = torch.is_grad_enabled() and world > 1 and q.dtype != acc_t
     kv_up = up and (k.requires_grad or v.requires_grad)
     allgather = (strategy == "allgather" if strategy is not None
-                 else 2 * math.prod(ks) * world * k.element_size() <= ALLGATHER_MAX_BYTES)
+                 else _allgather_by_rule(math.prod(ks), k.element_size()))
     if allgather:
         chunks = _chunks(layout, world, rank)
         kf, vf = _traced_gather(k, v, group, world, _owners(layout, world), len(chunks), kv_up, acc_t)
@@ -889,8 +906,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            "contiguous" (rank r holds chunk r).
         return_lse: also return this shard's lse (B, Hq, N/world), float32 (float64 for float64),
            natural log; differentiable.
-        strategy: None (all-gather up to ALLGATHER_MAX_BYTES of K/V over the whole sequence, else
-           the ring), "ring" or "allgather".
+        strategy: None (the all-gather while this rank's K/V shard is at most ALLGATHER_MAX_BYTES,
+           else the ring), "ring" or "allgather".
 
     Returns this rank's shard of the output (B, Hq, N/world, D), and lse with return_lse.
     Differentiable in q, k, v (every rank must run the backward: it is collective). A call is a
