@@ -785,9 +785,16 @@ def test_gpu_compiled_two_ranks_share_one_gpu(tmp_path):
     cs = gpu_cases(2)[::2]  # the ring and the all-gather, bf16, GQA, causal zigzag
     got = spawn(2, dict(cases=[], compiled=cs, device="cuda", backend="gloo", staged=True,
                         compile_backend="inductor"), tmp_path, timeout=300)  # Inductor compiles in each rank
+    _check_compiled_gpu(cs, got, 2)
+
+
+def _check_compiled_gpu(cs: list[dict], got: list[dict], world: int) -> None:
+    """The compiled GPU runs: compiled and eager under the rule, the cross-rank check run once per
+    rank, a second compiled call repeating the first's forward bit for bit (the Triton dQ may use
+    atomics: the gradients' last bits may vary)."""
     for i, c in enumerate(cs):
-        check(c, [r["compiled"][i]["compiled"] for r in got], 2, "cuda")
-        check(c, [r["compiled"][i]["eager"] for r in got], 2, "cuda")
+        check(c, [r["compiled"][i]["compiled"] for r in got], world, "cuda")
+        check(c, [r["compiled"][i]["eager"] for r in got], world, "cuda")
         for r in got:
             g = r["compiled"][i]
             assert g["checks"] == 1
@@ -832,15 +839,7 @@ def test_gpu_nccl_compiled_one_gpu_per_rank(world, tmp_path):
     cs = gpu_cases(world)[::2]
     got = spawn(world, dict(cases=[], compiled=cs, device="cuda", backend="nccl", gpu_per_rank=True,
                             compile_backend="inductor"), tmp_path, timeout=400)
-    for i, c in enumerate(cs):
-        check(c, [r["compiled"][i]["compiled"] for r in got], world, "cuda")
-        check(c, [r["compiled"][i]["eager"] for r in got], world, "cuda")
-        for r in got:
-            g = r["compiled"][i]
-            assert g["checks"] == 1
-            for name in ("out", "lse"):
-                if g["compiled"].get(name) is not None:
-                    assert torch.equal(g["again"][name], g["compiled"][name]), name
+    _check_compiled_gpu(cs, got, world)
 
 
 @pytest.mark.gpu
@@ -904,7 +903,8 @@ def test_merge_kernel(part_dtype, n, d):
         D._merge_into(plan, (1, 0), acc[:, :, rows], lse[:, :, rows], part, part_lse)
     assert len(plan.merges) == 1  # the kernel ran, not the torch form
     assert_rule(acc[:, :, rows], ref, theirs, dtype=torch.float32, seed=seed, what="merged out")
-    assert_rule(lse[:, :, rows], ref_lse, theirs_lse, dtype=torch.float32, seed=seed, what="merged lse", ulp_floor=True)
+    assert_rule(lse[:, :, rows], ref_lse, theirs_lse, dtype=torch.float32, seed=seed, what="merged lse",
+                ulp_floor=True)
     empty = rows.start + 6  # no key on either side
     assert torch.equal(lse[:, :, empty].cpu(), torch.full_like(lse[:, :, empty].cpu(), -math.inf))
     assert not acc[:, :, empty].any()

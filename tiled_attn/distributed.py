@@ -19,9 +19,9 @@ The ring (strategy "ring"). K/V travel around the ranks: at step t rank r holds 
 r − t and sends them on to r + 1 while receiving the next ones from r − 1 (dist.batch_isend_irecv
 of dist.P2POp). Each transfer is posted from a side stream as soon as the one before it has
 arrived, one step ahead of the compute that needs it (two in the backward), so it overlaps the
-compute (_KVRing says why a side stream); world − 1 transfers in all. Per (query chunk, key chunk) pair: a key chunk
-before the query chunk is attended in full, the same chunk with the causal diagonal, a chunk after
-is skipped (no compute). Each step's pairs become a few calls of the public ta.attention(...,
+compute (_KVRing says why a side stream); world − 1 transfers in all. Per (query chunk, key
+chunk) pair: a key chunk before the query chunk is attended in full, the same chunk with the causal
+diagonal, a chunk after is skipped (no compute). Each step's pairs become a few calls of the public ta.attention(...,
 return_lse=True) on views of q and of the K/V held (so any backend the tensors pick; GQA and head
 dims as ta.attention): the own step is the local causal mask (the local chunks ascend, so the
 global mask restricted to them is the local causal one), in the forward as two calls by query rows
@@ -33,8 +33,9 @@ finished result is the online state (m = lse, l = 1) with the accumulator out, s
 merge as split-KV decode, -inf guard included (a row whose keys so far were all masked, lse = -inf,
 merges without NaN). On CUDA one Triton kernel does it in one pass (triton/merge_outputs.py, the
 online verbs of triton/online.py); elsewhere, and for float64, reference.merge_attention_outputs
-(about a dozen torch ops: measured 37.5 vs 34.6 ms a forward on 4 H100s at N = 128k). The partial outputs arrive in
-the input dtype (ta.attention's), so 16-bit inputs carry one extra rounding per partial.
+(about a dozen torch ops: measured 37.5 vs 34.6 ms a forward on 4 H100s at N = 128k). The
+partial outputs arrive in the input dtype (ta.attention's), so 16-bit inputs carry one extra
+rounding per partial.
 
 Backward (strategy "ring"): a torch.autograd.Function saves the local q, k, v and the merged out and
 lse, and runs the ring again. For each K/V block the library's tiled backward
@@ -173,6 +174,7 @@ ALLGATHER_MAX_BYTES = 32 << 20
 def _allgather_by_rule(k_shard_numel: int, element_size: int) -> bool:
     """strategy=None's choice: the all-gather while this rank's K and V shards fit ALLGATHER_MAX_BYTES."""
     return 2 * k_shard_numel * element_size <= ALLGATHER_MAX_BYTES
+
 
 # Test aid, not a supported configuration: route every transfer through CPU copies, so that a gloo
 # group carries CUDA tensors. tests/test_distributed.py sets it in the two ranks that share one GPU,
