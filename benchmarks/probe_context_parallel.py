@@ -8,7 +8,8 @@ scaling baseline), B = 1, --heads heads of D = --dim, causal, bf16, zigzag shard
 * timing: forward and forward+backward, ms per call from CUDA events over back-to-back calls after a
   warm-up, the slowest rank's; with --ab, for the forward ring's merges through the fused Triton
   kernel and through the torch form (distributed._FUSED_MERGE), interleaved, 3 rounds.
-* --profile: torch.profiler (CUPTI) over one forward+backward call per rank after the warm-up;
+* --profile: torch.profiler (CUPTI) over one forward+backward call per rank after the warm-up
+  (--profile-fwd K: after K forwards back to back, as a timing loop runs them);
   each rank's kernels by kind (attention forward, attention backward, the merge kernel, NCCL, other:
   the torch elementwise ops, copies and fills), the call's span (first kernel start to last kernel
   end), how much of the NCCL kernels' time some compute kernel overlaps (the ring hides its
@@ -165,6 +166,10 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
             torch.cuda.synchronize()
             dist.barrier()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+                # --profile-fwd K: K forwards back to back first, the steady state a timing loop sees
+                # (one call after a barrier starts the ranks together, which back-to-back calls do not)
+                for _ in range(spec["profile_fwd"]):
+                    fwd()
                 fwd_bwd()
                 torch.cuda.synchronize()
             path = os.path.join(spec["dir"], f"trace-W{world}-r{rank}.json")
@@ -234,6 +239,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--ab", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-fwd", type=int, default=0, help="forwards profiled back to back before the fwd+bwd")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--repeat-s", type=float, default=0.5)
     ap.add_argument("--kernels", default="", help="local lengths, e.g. 32768,65536")
@@ -259,6 +265,7 @@ def main(argv=None) -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             spec = dict(n=args.n, heads=args.heads, dim=args.dim, ab=args.ab, profile=args.profile,
+                        profile_fwd=args.profile_fwd,
                         rounds=args.rounds or (3 if args.ab else 1), repeat_s=args.repeat_s, dir=str(args.out),
                         out=os.path.join(tmp, "rows.json"))
             mp.start_processes(_worker, args=(world, _free_port(), spec), nprocs=world, start_method="spawn")
@@ -296,7 +303,7 @@ def _text(result: dict) -> str:
             continue
         kinds = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in sorted(pr["kernel_us_by_kind"].items()))
         frac = pr["nccl_hidden_frac"]
-        lines += ["", f"W={pr['world']} rank {pr['rank']}: one fwd+bwd spans {pr['span_us'] / 1e3:.2f} ms; kernels (ms): "
+        lines += ["", f"W={pr['world']} rank {pr['rank']}: the profiled calls span {pr['span_us'] / 1e3:.2f} ms; kernels (ms): "
                   f"{kinds}; compute busy {pr['compute_busy_us'] / 1e3:.2f}, idle {pr['compute_idle_us'] / 1e3:.2f}; "
                   f"NCCL {pr['nccl_us'] / 1e3:.2f} ms, {'' if frac is None else f'{frac:.1%}'} of it under compute"]
         lines += [f"    {us / 1e3:8.2f} ms  {name}" for name, us in pr["top_kernels_us"][:8]]
