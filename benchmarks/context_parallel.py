@@ -79,9 +79,13 @@ class ContextParallelSuite:
                                   f"{n_gpus} (NCCL refuses two ranks on one GPU)")]
         else:
             records = self._measure(cfg, n_gpus)
+        notes = __doc__.split("\n\n")[2].replace("\n", " ")
+        partial = {k: os.environ[k] for k in ("TILED_ATTN_CP_SEQ_LENS", "TILED_ATTN_CP_WORLDS") if os.environ.get(k)}
+        if partial:
+            notes += " A partial run: " + ", ".join(f"{k}={v}" for k, v in partial.items()) + "."
         return {"name": self.name, "title": self.title, "device": self.device, "unit": "Mtok/s", "ceiling": None,
                 "convention": "global tokens per second of the whole group (N / slowest rank's time per call)",
-                "notes": __doc__.split("\n\n")[2].replace("\n", " "), "baselines": [TORCH_CP, "1 GPU × W"],
+                "notes": notes, "baselines": [TORCH_CP, "1 GPU × W"],
                 "plot": PLOT, "elapsed_s": time.perf_counter() - t0,
                 "capped": any(r["error"] == CAPPED for r in records), "device_lost": "",
                 "records": records, "markdown": _markdown(records)}

@@ -551,7 +551,7 @@ def test_strategy_rule(run2):
     """strategy=None picks the all-gather for a small K/V shard; explicit strategies are obeyed."""
     for i, c in enumerate(cases(2)):
         shard = c["k"].numel() // 2
-        want = c["strategy"] == "allgather" or (c["strategy"] is None and D._allgather_by_rule(shard, 4))
+        want = c["strategy"] == "allgather" or (c["strategy"] is None and D._allgather_by_rule(shard, c["k"].element_size()))
         assert run2[0]["cases"][i]["allgather"] == want, c["name"]
 
 
