@@ -6,7 +6,7 @@ profile of one call on every rank, one GPU per rank (NCCL).
 Per world size W (one spawned NCCL group each; W = 1 is ta.attention on the whole sequence, the
 scaling baseline), B = 1, --heads heads of D = --dim, causal, bf16, zigzag shards:
 * timing: forward and forward+backward, ms per call from CUDA events over back-to-back calls after a
-  warm-up, the slowest rank's; with --ab, for the forward ring's merges through the fused Triton
+  warm-up, the slowest rank's (the suite's own timing, context_parallel._time); with --ab, for the forward ring's merges through the fused Triton
   kernel and through the torch form (distributed._FUSED_MERGE), interleaved, 3 rounds.
 * --profile: torch.profiler (CUPTI) over one forward+backward call per rank after the warm-up
   (--profile-fwd K: after K forwards back to back, as a timing loop runs them);
@@ -31,13 +31,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.context_parallel import _free_port  # noqa: E402
+from benchmarks.context_parallel import _free_port, _time  # noqa: E402
 
 
 def _kind(name: str) -> str:
@@ -131,33 +130,13 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
             q.grad = k.grad = v.grad = None
             out.backward(go)
 
-        def timed(call) -> float:
-            call()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            call()
-            torch.cuda.synchronize()
-            reps = torch.tensor([max(1, min(20, int(spec["repeat_s"] / max(time.perf_counter() - t0, 1e-6))))],
-                                device="cuda")
-            dist.all_reduce(reps, op=dist.ReduceOp.MIN)
-            dist.barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(int(reps.item())):
-                call()
-            b.record()
-            torch.cuda.synchronize()
-            ms = torch.tensor([a.elapsed_time(b) / int(reps.item())], device="cuda")
-            dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-            return ms.item()
-
         variants = {"fused": None, "torch": False} if spec["ab"] and world > 1 else {"fused": None}
         rows = []
         for rnd in range(spec["rounds"]):
             for name, flag in variants.items():
                 D._FUSED_MERGE = flag
                 for pass_, call in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-                    rows.append(dict(world=world, n=n, merge=name, pass_=pass_, round=rnd, ms=timed(call)))
+                    rows.append(dict(world=world, n=n, merge=name, pass_=pass_, round=rnd, ms=_time(call, spec["repeat_s"], dist)))
         D._FUSED_MERGE = None
         prof = None
         if spec["profile"]:

@@ -63,8 +63,8 @@ import torch.nn.functional as F
 import tiled_attn as ta
 from tiled_attn import distributed as D
 from tiled_attn import reference
-from helpers import (HAS_CUDA, assert_none_without_interpreter, assert_rule, max_err, randn, reproduce_hint,
-                     seed_for, sm90a_build_problem)
+from helpers import (HAS_CUDA, INTERPRET, assert_none_without_interpreter, assert_rule, max_err, randn,
+                     reproduce_hint, seed_for, sm90a_build_problem)
 
 SPAWN_TIMEOUT_S = 120
 
@@ -457,7 +457,7 @@ def fused_cases(world: int) -> list[dict]:
 def run2_fused(tmp_path_factory):
     """World 2 on the CPU with the forward ring's merges through the Triton kernel under the
     interpreter, as they run on CUDA (the GPU tests run them there)."""
-    if not _interpret():
+    if not INTERPRET:
         pytest.skip("the CPU ranks run the Triton merge under TRITON_INTERPRET=1 only")
     return spawn(2, dict(cases=fused_cases(2), fused_merge=True), tmp_path_factory.mktemp("world2-fused"))
 
@@ -886,7 +886,7 @@ def test_merge_kernel(part_dtype, n, d):
     """One merge against the float64 merge of the same inputs, under the rule (torch: the same
     reference form in float32); the rows outside the block and the padding stay untouched."""
     device = "cuda" if HAS_CUDA else "cpu"
-    if device == "cpu" and not _interpret():
+    if device == "cpu" and not INTERPRET:
         pytest.skip("the Triton merge needs a CUDA device or TRITON_INTERPRET=1")
     seed = seed_for(f"tests/test_distributed.py::test_merge_kernel[{part_dtype}-{n}-{d}]")
     acc64, lse64, rows, part, part_lse = _merge_inputs(part_dtype, n, d, device, seed)
@@ -914,11 +914,6 @@ def test_merge_kernel(part_dtype, n, d):
         assert torch.equal(x[:, :, keep], y[:, :, keep])
 
 
-def _interpret() -> bool:
-    from tiled_attn import _checks
-    return _checks.triton_interpret()
-
-
 @contextlib.contextmanager
 def _fused_merge(value):
     old, D._FUSED_MERGE = D._FUSED_MERGE, value
@@ -931,14 +926,11 @@ def _fused_merge(value):
 def _compile_merge_for_sm90a() -> list[str]:
     """The merge kernel's builds as _merge_into launches them (float32 accumulator, partials in the
     three dtypes, head dims 64/128/256 and an odd one)."""
-    import triton
-
     from tiled_attn.triton.merge_outputs import merge_outputs_kernel
     problems = []
     for part in ("fp32", "bf16", "fp16"):
         for d in (59, 64, 128, 256):
-            block_d = triton.next_power_of_2(d)
-            consts = dict(HEAD_DIM=d, BLOCK_M=max(1, 2048 // block_d), BLOCK_D=block_d)
+            consts = D._merge_meta(d)
             signature = {"Acc": "*fp32", "AccLse": "*fp32", "Part": f"*{part}", "PartLse": "*fp32"}
             for name in merge_outputs_kernel.arg_names[4:]:
                 signature[name] = "constexpr" if name in consts else "i32"

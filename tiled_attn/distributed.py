@@ -379,7 +379,7 @@ class _KVRing:
     """
 
     def __init__(self, comm: "_Comm", k, v, ahead: int):
-        self.comm, self.left, self.ahead = comm, comm.world - 1, ahead
+        self.comm, self.left = comm, comm.world - 1
         self.side = comm.side_stream(k.device)
         self.latest, self.pending = [k, v], None
         self.ready: collections.deque = collections.deque()  # (received K/V, its arrival event)
@@ -457,6 +457,14 @@ def _fused(acc: torch.Tensor) -> bool:
     return acc.is_cuda or (_FUSED_MERGE is True and _checks.triton_interpret())
 
 
+def _merge_meta(d: int) -> dict:
+    """The merge kernel's tile for head dim d: 16 elements of each operand a thread (4 warps), since
+    a memory-bound pass wants many warps resident (64 a thread took 255 registers, sm_90a)."""
+    import triton
+    block_d = triton.next_power_of_2(d)
+    return dict(HEAD_DIM=d, BLOCK_M=max(1, 2048 // block_d), BLOCK_D=block_d)
+
+
 def _merge_into(plan: _Plan, where, out, lse, o, l) -> None:
     """out, lse (the float32/64 accumulator's rows of one block) become their merge with a block's
     (o, l): the Triton kernel in one pass where _fused says so, else the torch form."""
@@ -473,12 +481,9 @@ def _merge_into(plan: _Plan, where, out, lse, o, l) -> None:
         from .triton.launch import Launch
         from .triton.merge_outputs import merge_outputs_kernel
         b, h, n, d = out.shape
-        block_d = triton.next_power_of_2(d)
-        # 16 elements of each operand a thread (4 warps): a memory-bound pass wants many warps resident;
-        # 64 a thread took 255 registers (sm_90a)
-        block_m = max(1, 2048 // block_d)
-        launch = plan.merges[key] = Launch(merge_outputs_kernel, (triton.cdiv(n, block_m), b * h),
-                                           dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_D=block_d), out.device)
+        meta = _merge_meta(d)
+        launch = plan.merges[key] = Launch(merge_outputs_kernel, (triton.cdiv(n, meta["BLOCK_M"]), b * h), meta,
+                                           out.device)
     launch(out, lse, o, l, *out.stride(), *lse.stride(), *o.stride(), *l.stride(), out.shape[1], out.shape[2])
 
 
