@@ -39,8 +39,12 @@ from . import harness as h
 OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_merge_kernel",
                 "attention_fwd_d2_kernel",  # head dims such as 96 and 192, in two parts
                 "attention_fwd_ext_kernel", "attention_decode_ext_kernel",  # masks, varlen, caches
-                "attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
-BACKWARD_KERNELS = ("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel")
+                "attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel",
+                "attention_bwd_dq_store_kernel",
+                "flash_fwd_sm90", "flash_bwd_sm90_kernel")  # backend "cuda"'s wgmma kernels (H100)
+# A training step ran our backward: the Triton pair, or the wgmma kernel (backend "cuda" on an H100).
+BACKWARD_KERNELS = (("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"), ("flash_bwd_sm90_kernel",))
+FORWARD_KERNELS = ("attention_fwd_kernel", "attention_fwd_d2_kernel", "flash_fwd_sm90")
 TORCH_SDPA_KERNELS = ("pytorch_flash", "cudnn", "fmha", "efficient_attention", "sdpa")
 
 def _models(cfg_kw: dict, device, dtype):
@@ -207,8 +211,8 @@ class E2ESuite:
                 m.eval()
             k_train = _kernels(lambda: step(ours), device)
             train_ours, train_theirs = _which(k_train)
-            train_ran = (any("attention_fwd_kernel" in n or "attention_fwd_d2_kernel" in n for n in train_ours)
-                         and all(any(b in n for n in train_ours) for b in BACKWARD_KERNELS))
+            train_ran = (any(f in n for f in FORWARD_KERNELS for n in train_ours)
+                         and any(all(any(b in n for n in train_ours) for b in pair) for pair in BACKWARD_KERNELS))
             t = _pair({"tiled_attn": lambda: step(ours), "sdpa": lambda: step(theirs)}, max(2, repeats - 2), device)
             label = f"{cname} training step N={x.shape[1]} (ms)"
             records.append(_record(label, "sdpa", "baseline", t["sdpa"] * 1e3, False))

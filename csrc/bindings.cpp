@@ -419,6 +419,52 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                warp_specialized ? "CUDA warp-specialized wgmma attention kernel" : "CUDA wgmma attention kernel");
   return chk.error();
 }
+
+// ---- wgmma attention backward (csrc/attention/sm90/attention_sm90.h attention_bwd_sm90;
+// tiled_attn/cuda/attention_backward.py) ----
+// dq_accum (zeroed by the caller) += Σ dS k; dk, dv overwritten. q, k, v, dout as the forward's operands
+// (dout q's shape), lse and delta contiguous float32 (B, Hq, Nq), dq_accum contiguous float32
+// (B·Hq, Nq, D), dk / dv k's shape and dtype.
+std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
+                               torch::Tensor& dq_accum, torch::Tensor& dk, torch::Tensor& dv, double scale, bool causal,
+                               int64_t causal_offset, int64_t stream) {
+  Checker chk;
+  tiled_attn::AttnDtype dtype;
+  // check_attention_args with dout in its `out` slot: q's shape, dtype and device.
+  if (!check_attention_args(chk, q, k, v, dout, lse, &dtype)) return chk.error();
+  const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
+  const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
+  if (!(chk.value(tiled_attn::attention_bwd_sm90_head_dim_supported(head_dim), "head dim ", head_dim,
+                  " is not instantiated in the wgmma attention backward") &&
+        chk.value(delta.is_cuda() && delta.device() == q.device() && delta.scalar_type() == torch::kFloat &&
+                      delta.sizes() == lse.sizes() && delta.is_contiguous(),
+                  "delta must be a contiguous float32 tensor of lse's shape ", lse.sizes(), ", got ", delta.sizes()) &&
+        chk.value(dq_accum.is_cuda() && dq_accum.device() == q.device() &&
+                      dq_accum.scalar_type() == torch::kFloat && dq_accum.is_contiguous() &&
+                      dq_accum.numel() == batch * heads_q * seqlen_q * head_dim,
+                  "dq_accum must be a contiguous float32 tensor of B·Hq·Nq·D elements, got ", dq_accum.sizes()) &&
+        check_attn_operand(chk, dk, "dk", q) && check_attn_operand(chk, dv, "dv", q) &&
+        chk.value(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(), "dk and dv must have k's shape ", k.sizes(),
+                  ", got ", dk.sizes(), " and ", dv.sizes()))) {
+    return chk.error();
+  }
+  if (!chk.value(seqlen_q > 0 && seqlen_k > 0 && batch > 0 && heads_q > 0,
+                 "the wgmma attention backward needs Nq, Nk >= 1 (empty shapes have zero gradients)")) {
+    return chk.error();
+  }
+  const DeviceGuard guard(q.get_device());
+  check_launch(chk,
+               tiled_attn::attention_bwd_sm90(dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(),
+                                              lse.data_ptr<float>(), delta.data_ptr<float>(),
+                                              dq_accum.data_ptr<float>(), dk.data_ptr(), dv.data_ptr(), batch,
+                                              heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q),
+                                              attn_strides(k), attn_strides(v), attn_strides(dout), attn_strides(dk),
+                                              attn_strides(dv), static_cast<float>(scale), causal, causal_offset,
+                                              as_stream(stream)),
+               "CUDA wgmma attention backward kernel");
+  return chk.error();
+}
 #endif  // TILED_ATTN_WITH_SM90
 #endif
 
@@ -699,6 +745,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
         py::arg("causal_offset"), py::arg("stream"), py::arg("warp_specialized") = false);
   m.def("attention_sm90_head_dim_supported", &tiled_attn::attention_sm90_head_dim_supported, py::arg("head_dim"));
+  m.def("attention_bwd_sm90", &attention_bwd_sm90,
+        "attention backward with the sm_90a wgmma kernel: dq_accum += dS k, dk and dv written; returns the error "
+        "('': none)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("lse"), py::arg("delta"),
+        py::arg("dq_accum"), py::arg("dk"), py::arg("dv"), py::arg("scale"), py::arg("causal"),
+        py::arg("causal_offset"), py::arg("stream"));
+  m.def("attention_bwd_sm90_head_dim_supported", &tiled_attn::attention_bwd_sm90_head_dim_supported,
+        py::arg("head_dim"));
   m.attr("has_attention_sm90") = true;
 #else
   m.attr("has_attention_sm90") = false;

@@ -22,7 +22,8 @@ limit and checks that one column more raises ValueError, before any launch.
 Every case is printed before it runs (flushed), so a crash names its case.
 --attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways);
 --attention-backward the Triton attention backward kernels (gradients of ta.attention(backend="triton")
-at ragged sizes, odd D, MHA/GQA/MQA, a (B, N, H, D) layout, every dtype); --no-softmax skips the
+at ragged sizes, odd D, MHA/GQA/MQA, a (B, N, H, D) layout, every dtype; --bwd-backend cuda: the wgmma
+backward's, at D 64 / 128 in 16-bit); --no-softmax skips the
 softmax kernels (a sanitizer run of the attention backward alone).
 --big adds (2^31/4096 + 2) × 4096 bf16 (row offsets past 2^31) and a transposed 8 × (2^28 + 2)
 (column offsets past 2^31): ~10 GB of device memory, minutes; not for the sanitizer.
@@ -244,12 +245,13 @@ def run_attention(res: Results, seed: int, only=None):
                         what=what + " lse")
 
 
-def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
+def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, backend: str = "triton"):
     """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
     both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
     dtype; gradients against float64 autograd under tests/test_attention_backward.py's check (the
     rule, with its float32 recompute slack, and dq exactly 0 on rows that see no key), poisoned
-    outputs."""
+    outputs. backend="cuda": the same cases at the wgmma backward's head dims and dtypes (64, 128;
+    fp16, bf16), which is what backend "cuda" runs there on an H100."""
     from test_attention_backward import _check
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 300), (257, 128), (200, 200))
@@ -257,6 +259,8 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
     # Each config row (tl.dot tile) once per dtype class: D 40/64 share the d64 rows, 96/128 d128.
     kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
              (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
+    if backend == "cuda":
+        kinds = ((torch.bfloat16, 64), (torch.float16, 128), (torch.bfloat16, 128))
     if dtypes:
         kinds = tuple((dt, d) for dt, d in kinds if dt in [DTYPES[n] for n in dtypes])
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
@@ -272,7 +276,7 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None):
                 t = t.to(dtype).to(DEVICE)
                 return (t.transpose(1, 2) if layout == "bnhd" else t).requires_grad_()
             q, k, v = draw(hq, nq), draw(hkv, nk), draw(hkv, nk)
-            out = ta.attention(q, k, v, causal=causal, backend="triton")
+            out = ta.attention(q, k, v, causal=causal, backend=backend)
             dout = torch.randn(out.shape, generator=gen).to(dtype).to(DEVICE)
             grads = torch.autograd.grad(out, (q, k, v), dout)
             _check(grads, q, k, v, dout, None, causal, None, nk - nq, seed, what)
@@ -326,6 +330,8 @@ def main() -> int:
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
     p.add_argument("--bwd-dtypes", type=lambda s: s.split(","), default=None,
                    help="the attention backward's dtypes (fp32,bf16,fp16; default all)")
+    p.add_argument("--bwd-backend", choices=("triton", "cuda"), default="triton",
+                   help="the attention backward's backend (cuda: its wgmma kernel on an H100)")
     p.add_argument("--dq-mode", choices=("pass", "atomic"), default=None,
                    help="the attention backward's dQ mode for every plan (default: the config rows')")
     p.add_argument("--big", action="store_true", help="also the > 2^31-element cases (~10 GB)")
@@ -352,7 +358,7 @@ def main() -> int:
     if args.attention:
         run_attention(res, seed, args.attention_kernels)
     if args.attention_backward:
-        run_attention_backward(res, seed, args.quick, args.bwd_dtypes)
+        run_attention_backward(res, seed, args.quick, args.bwd_dtypes, args.bwd_backend)
     if args.big:
         run_big(res, seed)
 

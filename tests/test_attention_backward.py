@@ -673,10 +673,23 @@ def _dq_mode(q, deterministic: bool) -> str:
     return tb.dq_mode(q, deterministic)
 
 
+def _wgmma_backward(q, backend, deterministic: bool) -> bool:
+    """Whether backend "cuda" runs its wgmma backward for q's signature (dQ by float32 atomics)."""
+    if backend != "cuda" or deterministic or q.device.type != "cuda":
+        return False
+    from tiled_attn.cuda import attention_backward as cb
+    return cb.covers(q, q, q, q, q, q, q, q, deterministic, None)
+
+
+def _dq_atomic(q, backend, deterministic: bool) -> bool:
+    return backend != "torch" and (_dq_mode(q, deterministic) == "atomic" or _wgmma_backward(q, backend, deterministic))
+
+
 def _assert_repeatable(runs, q, backend, deterministic, what):
     """Every run's dq, dk, dv bitwise equal to the first's. dK/dV are always written by one program
-    each; dq only without the atomic mode (the default may take it where the config row says)."""
-    atomic = backend != "torch" and _dq_mode(q, deterministic) == "atomic"
+    each; dq only without the atomic mode (the default may take it where the config row says, and
+    backend "cuda"'s wgmma backward always does)."""
+    atomic = _dq_atomic(q, backend, deterministic)
     for run in runs[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], run):
             if name == "dq" and atomic:
@@ -900,6 +913,39 @@ def test_gpu_grid(backend, shape, d, causal, heads, dtype, seed):
     _case(backend, 2, heads, *shape, d, dtype, causal, seed, lse_grad=causal and d % 2 == 1)
 
 
+# backend "cuda"'s wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh): the profiler shows it
+# ran (and not the Triton dK/dV kernel) and the gradients meet the rule; ragged tiles both ways, one
+# row, Nq > Nk (rows that see no key), several query tiles per key tile, GQA and MQA groups.
+WGMMA_BWD_CASES = [((1, 1), False, "mha"), ((113, 203), True, "gqa"), ((128, 217), False, "mqa"),
+                   ((150, 70), True, "gqa"), ((1023, 1024), True, "mha"), ((2048, 2048), False, "gqa"),
+                   ((64, 2000), True, "mqa"), ((300, 130), False, "mha")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DT.get)
+@pytest.mark.parametrize("shape,causal,heads", WGMMA_BWD_CASES, ids=[_id(f"{s[0]}x{s[1]}", c, h) for s, c, h in WGMMA_BWD_CASES])
+def test_wgmma_backward(shape, causal, heads, dtype, d, seed):
+    from torch.profiler import ProfilerActivity, profile
+    device = _require("cuda", dtype, d)
+    hq, hkv = _heads(heads)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, hq, hkv, *shape, d, dtype, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    go = randn((2, hq, shape[0], d), dtype, device, gen)
+    gl = randn((2, hq, shape[0]), torch.float32, device, gen) if causal else None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads = _ours(q, k, v, go, gl, causal=causal, backend="cuda")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("flash_bwd_sm90_kernel" in n for n in names), f"the wgmma backward did not run: {sorted(set(names))}"
+    assert not any("attention_bwd_dkdv" in n for n in names), "the Triton dK/dV kernel ran too"
+    what = f"cuda-wgmma B=2 H={hq}/{hkv} Nq={shape[0]} Nk={shape[1]} D={d} {DT[dtype]} causal={causal}"
+    _check(grads, q, k, v, go, gl, causal, None, shape[1] - shape[0], seed, what)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="determinism at this size runs on a CUDA device")
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -946,7 +992,7 @@ def test_backward_peak_memory(backend, deterministic, seed):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     grads = sum(t.numel() * t.element_size() for t in (dq, dk, dv))
-    acc = b * h * n * d * 4 if _dq_mode(q, deterministic) == "atomic" else 0
+    acc = b * h * n * d * 4 if _dq_atomic(q, backend, deterministic) else 0
     bound = grads + acc + 16 * b * h * n + 8 * 2**20
     assert peak <= bound, (f"backward peak {peak / 2**20:.1f} MiB > bound {bound / 2**20:.1f} MiB (gradients "
                            f"{grads / 2**20:.1f} MiB, dQ accumulator {acc / 2**20:.1f} MiB)")

@@ -300,10 +300,12 @@ def _forward(q, k, v, scale, causal, causal_offset, backend, mods=None, extras=(
 # ------------------------------------------------------------------------------------------------
 class AttentionBackwardPlan:
     """A signature's backward: (dq, dk, dv) from q, k, v, the forward's out and lse, the output's
-    gradient and (has_dlse) lse's. Backends "triton" and "cuda" run the Triton backward kernels
-    (tiled_attn/triton/attention_backward.py), "torch" the tiled PyTorch one
-    (reference.blockwise_attention_backward). The Triton dQ is its own pass (bitwise-repeatable)
-    or float32 atomics, by the config row; `deterministic` forces the pass."""
+    gradient and (has_dlse) lse's. Backend "triton" runs the Triton backward kernels
+    (tiled_attn/triton/attention_backward.py); "cuda" its wgmma backward where it covers the call
+    (tiled_attn/cuda/attention_backward.py: sm_90a, D 64/128, not deterministic), else the Triton
+    ones; "torch" the tiled PyTorch one (reference.blockwise_attention_backward). The Triton dQ is
+    its own pass (bitwise-repeatable) or float32 atomics, by the config row; the wgmma dQ is float32
+    atomics; `deterministic` forces the Triton pass."""
 
     __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods")
 
@@ -320,9 +322,14 @@ class AttentionBackwardPlan:
             return
         if backend not in ("triton", "cuda"):
             raise AssertionError(backend)
-        from .triton import attention_backward as triton_backward
-        self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
-                                                 causal_offset, has_dlse, deterministic, mods=mods)
+        if backend == "cuda":  # its wgmma backward where it covers the call (sm_90a), else Triton's
+            from .cuda import attention_backward as cuda_backward
+            self.run = cuda_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
+                                                   causal_offset, has_dlse, deterministic, mods)
+        if self.run is None:
+            from .triton import attention_backward as triton_backward
+            self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
+                                                     causal_offset, has_dlse, deterministic, mods=mods)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
@@ -489,13 +496,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
         deterministic: gradients bitwise-identical from run to run (dQ by its own pass). Without
            it the Triton backward may add dQ with float32 atomics where the config table says that
-           is faster (configs.TRITON_ATTENTION_BACKWARD, "dq"), whose last bits vary between runs.
+           is faster (configs.TRITON_ATTENTION_BACKWARD, "dq"), and the CUDA wgmma backward always
+           does; their last bits vary between runs.
 
     Differentiable with respect to q, k and v (and through lse when return_lse=True): the tiled
     backward recomputes P from q, k and the saved lse, never an N×N tensor; dK/dV are summed over
-    each GQA group inside the kernels. Backends "triton" and "cuda" run the Triton backward
-    kernels (the CUDA backend has none of its own), "torch" the PyTorch one; on the CPU's native
-    path (torch's SDPA) torch's autograd does it.
+    each GQA group inside the kernels. Backend "triton" runs the Triton backward kernels;
+    "cuda" (also backend=None's choice where configs.ATTENTION_SELECT picks it) its wgmma backward
+    on an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomics) and the Triton kernels elsewhere
+    or with deterministic=True; "torch" the PyTorch one; on the CPU's native path (torch's SDPA)
+    torch's autograd does it.
     """
     if deterministic is not False and deterministic is not True:
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

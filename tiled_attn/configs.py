@@ -916,6 +916,15 @@ TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass", "band": True}
 # (memory-bound passes).
 TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}
 
+# backend="cuda"'s backward (tiled_attn/cuda/attention_backward.py): (arch, head dim) -> "wgmma" runs the
+# sm_90a wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh) where it covers the call, anything
+# else (or no row) the Triton backward. NOT YET MEASURED: written before its first H100 run (2026-11-28);
+# the attention_backward suite's "cuda" provider decides whether these rows stay.
+CUDA_ATTENTION_BACKWARD: dict = {
+    ("sm90", 64): "wgmma",
+    ("sm90", 128): "wgmma",
+}
+
 # ---------------------------------------------------------------------------------------------
 # CUDA attention (csrc/attention/) — owned by that module's author.
 # ---------------------------------------------------------------------------------------------

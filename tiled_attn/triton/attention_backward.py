@@ -89,21 +89,13 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     dqc = launch_constants(q, "dq", interpret, causal)
     n_tiles = _cdiv(n_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(n_q, dqc["BLOCK_M"])
-    delta_rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
-    delta_tiles = _cdiv(n_q, delta_rows)
-    delta = Launch(attention_bwd_delta_kernel, (b * hq * delta_tiles,),
-                   dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], HAS_DLSE=has_dlse,
-                        WIDE=wide, num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
-                   device).bind(*so, *sdo, hq, n_q, delta_tiles)
+    delta = plan_delta(out, grad_out, has_dlse, wide)
     dkdv_launch = Launch(attention_bwd_dkdv_kernel, (b * hkv * n_tiles,), dict(dkdv, WIDE=wide),
                          device).bind(*sq, *sk, *sv, *sdo, *sdk, *sdv, hkv, hq // hkv, n_q, n_k, offset,
                                       qk_scale, scale, n_tiles)
     delta_size = b * hq * n_q
     if atomic:
-        store = Launch(attention_bwd_dq_store_kernel, (b * hq * delta_tiles,),
-                       dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], WIDE=wide,
-                            UPCAST=dkdv["UPCAST"], num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
-                       device).bind(*sdq, hq, n_q, scale, delta_tiles)
+        store = plan_dq_store(dq, scale, wide, dkdv["UPCAST"])
 
         def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
             ws = torch.empty(delta_size, dtype=torch.float32, device=device)
@@ -123,6 +115,31 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
         dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
         dq_launch(q, k, v, grad_out, lse, ws, dq)
     return run
+
+
+def plan_delta(out, grad_out, has_dlse: bool, wide: bool) -> Launch:
+    """delta = rowsum(dO·O) (minus lse's gradient with has_dlse) into a float32 (B, Hq, Nq) buffer:
+    the launch, called as (out, grad_out, lse or grad_lse, delta). Also the CUDA backward's first
+    step (tiled_attn/cuda/attention_backward.py)."""
+    b, hq, n_q, d = out.shape
+    rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
+    tiles = _cdiv(n_q, rows)
+    return Launch(attention_bwd_delta_kernel, (b * hq * tiles,),
+                  dict(BLOCK_M=rows, HEAD_DIM=d, BLOCK_D=max(MIN_DOT, _pow2(d)), HAS_DLSE=has_dlse, WIDE=wide,
+                       num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                  out.device).bind(*out.stride(), *grad_out.stride(), hq, n_q, tiles)
+
+
+def plan_dq_store(dq, scale: float, wide: bool, upcast: bool = False) -> Launch:
+    """dq = scale · the float32 (B·Hq, Nq, D) dQ accumulator, in dq's dtype and strides: the launch,
+    called as (accumulator, dq). Ends the atomic dQ mode here and the CUDA backward."""
+    b, hq, n_q, d = dq.shape
+    rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
+    tiles = _cdiv(n_q, rows)
+    return Launch(attention_bwd_dq_store_kernel, (b * hq * tiles,),
+                  dict(BLOCK_M=rows, HEAD_DIM=d, BLOCK_D=max(MIN_DOT, _pow2(d)), WIDE=wide, UPCAST=upcast,
+                       num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                  dq.device).bind(*dq.stride(), hq, n_q, scale, tiles)
 
 
 def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
@@ -162,14 +179,9 @@ def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: 
         c.update(mod_const, ACCURATE=c["PRECISION"] == "ieee", WIDE=wide)
     n_tiles = _cdiv(max_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(max_q, dqc["BLOCK_M"])
-    delta_rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
     # delta on the tensors as they are: (1, Hq, total_q) for varlen is lse's (Hq, total_q) layout.
     dq_b, dq_n = q.shape[0], q.shape[2]
-    delta_tiles = _cdiv(dq_n, delta_rows)
-    delta = Launch(attention_bwd_delta_kernel, (dq_b * hq * delta_tiles,),
-                   dict(BLOCK_M=delta_rows, HEAD_DIM=d, BLOCK_D=dkdv["BLOCK_D"], HAS_DLSE=has_dlse,
-                        WIDE=wide, num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
-                   device).bind(*out.stride(), *grad_out.stride(), hq, dq_n, delta_tiles)
+    delta = plan_delta(out, grad_out, has_dlse, wide)
     dkdv_launch = Launch(attention_bwd_dkdv_ext_kernel, (b * hkv * n_tiles,), dkdv, device).bind(
         *sq, *sk, *sv, *sdo, *sdk, *sdv, *extra, hkv, hq // hkv, n_q, n_k, causal_offset, left, right, qk_scale,
         scale, cap_in, cap_out, n_tiles)

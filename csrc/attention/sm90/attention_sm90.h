@@ -1,4 +1,5 @@
-// attention_sm90.h: the host entry of the wgmma attention forward (csrc/attention/sm90/*.cu, sm_90a only).
+// attention_sm90.h: the host entries of the wgmma attention forward and backward (csrc/attention/sm90/*.cu,
+// sm_90a only).
 // Same arguments and meaning as attention_fwd (../attention.h); the extension compiles and binds these
 // only when it is built for compute capability 9.0 (tiled_attn/cuda/_build.py, TILED_ATTN_WITH_SM90).
 #pragma once
@@ -29,5 +30,21 @@ cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k,
                                   int64_t causal_offset, cudaStream_t stream);
 
 bool attention_sm90_head_dim_supported(int64_t head_dim);
+
+// The attention backward on wgmma (flash_bwd_sm90_kernel.cuh) for head dims 64 and 128, fp16/bf16: q, k,
+// v, dout as for the forward (dout laid out like q); lse the forward's, delta = rowsum(dout · out) (minus
+// lse's gradient), both (B, Hq, Nq) float32 contiguous. Adds Σ_j dS_ij k_j (without the softmax scale) to
+// dq_accum, a zeroed (B·Hq, Nq, D) float32 contiguous buffer, with float32 atomics (run-to-run order
+// varies); overwrites dk (scaled) and dv, summed over each GQA group. cudaErrorInvalidValue for an
+// empty sequence, another head dim or dtype; cudaErrorMisalignedAddress where a base or stride breaks
+// TMA's 16-byte rule.
+cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, const void* v, const void* dout,
+                               const float* lse, const float* delta, float* dq_accum, void* dk, void* dv,
+                               int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                               int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
+                               AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
+                               bool causal, int64_t causal_offset, cudaStream_t stream);
+
+bool attention_bwd_sm90_head_dim_supported(int64_t head_dim);
 
 }  // namespace tiled_attn

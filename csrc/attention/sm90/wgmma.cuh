@@ -1,5 +1,5 @@
-// wgmma.cuh: the sm_90a PTX the wgmma attention forward (flash_fwd_sm90_kernel.cuh) needs, one wrapper
-// each: warpgroup MMA (wgmma.mma_async m64nNk16, f32 accumulate, fp16/bf16 inputs) with A from shared
+// wgmma.cuh: the sm_90a PTX the wgmma attention kernels (flash_fwd_sm90_kernel.cuh, flash_bwd_sm90_kernel.cuh)
+// need, one wrapper each: warpgroup MMA (wgmma.mma_async m64nNk16, f32 accumulate, fp16/bf16 inputs) with A from shared
 // memory or from registers, its fence / commit_group / wait_group, the shared-memory matrix descriptor,
 // the generic-to-async proxy fence, and cp.async / shared loads and stores by shared-space address.
 // Under TILED_ATTN_EMULATION none of this is compiled: tests/emulation/flash_fwd_sm90_emulator.cpp
@@ -66,6 +66,22 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr) {
   return v;
 }
 
+// bar.sync on a named barrier (1..15; 0 is __syncthreads') for `threads` threads (a multiple of 32):
+// the backward's two consumer warpgroups meet there without the producer warp, which has exited.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Two adjacent floats added to global memory in one reduction (red.global.add.v2.f32, sm_90; `addr`
+// 8-byte aligned): the backward's dQ partials.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -178,18 +194,18 @@ struct Wgmma;
 #define TILED_ATTN_WGMMA_L128 TILED_ATTN_WGMMA_L120 ", " TILED_ATTN_WGMMA_L8_15
 
 // REGS accumulators per thread (N / 2); SS_*: the %-numbers of ss's operands after the accumulators
-// (desc_a, desc_b, scale_d, tnsp_b), RS_*: rs's (a[0..3] as one brace list, desc_b, scale_d, tnsp_b).
-#define TILED_ATTN_WGMMA(N, REGS, T, TS, SS_A, SS_B, SS_S, SS_T, RS_A, RS_B, RS_S, RS_T)                  \
+// (desc_a, desc_b, scale_d, tnsp_b, tnsp_a), RS_*: rs's (a[0..3] as one brace list, desc_b, scale_d, tnsp_b).
+#define TILED_ATTN_WGMMA(N, REGS, T, TS, SS_A, SS_B, SS_S, SS_T, SS_TA, RS_A, RS_B, RS_S, RS_T)           \
   template <>                                                                                           \
   struct Wgmma<N, T> {                                                                                  \
     static constexpr int kRegs = REGS;                                                                  \
-    template <int kTnspB>                                                                               \
+    template <int kTnspB, int kTnspA = 0>                                                               \
     static __device__ __forceinline__ void ss(float (&d)[REGS], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SS_S ", 0;\n"                                   \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TS "." TS " " "{" TILED_ATTN_WGMMA_L##REGS "}"  \
-                   ", %" SS_A ", %" SS_B ", p, 1, 1, 0, %" SS_T ";\n}\n"                                     \
+                   ", %" SS_A ", %" SS_B ", p, 1, 1, %" SS_TA ", %" SS_T ";\n}\n"                            \
                    : TILED_ATTN_WGMMA_D##REGS                                                          \
-                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB));                             \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTnspB), "n"(kTnspA));               \
     }                                                                                                   \
     template <int kTnspB>                                                                               \
     static __device__ __forceinline__ void rs(float (&d)[REGS], const uint32_t (&a)[4], uint64_t desc_b,   \
@@ -206,13 +222,14 @@ struct Wgmma;
   TILED_ATTN_WGMMA(N, REGS, __half, "f16", __VA_ARGS__)         \
   TILED_ATTN_WGMMA(N, REGS, __nv_bfloat16, "bf16", __VA_ARGS__)
 
-TILED_ATTN_WGMMA_N(64, 32, "32", "33", "34", "35", "{%32, %33, %34, %35}", "36", "37", "38")
-TILED_ATTN_WGMMA_N(96, 48, "48", "49", "50", "51", "{%48, %49, %50, %51}", "52", "53", "54")
-TILED_ATTN_WGMMA_N(112, 56, "56", "57", "58", "59", "{%56, %57, %58, %59}", "60", "61", "62")
-TILED_ATTN_WGMMA_N(128, 64, "64", "65", "66", "67", "{%64, %65, %66, %67}", "68", "69", "70")
-TILED_ATTN_WGMMA_N(144, 72, "72", "73", "74", "75", "{%72, %73, %74, %75}", "76", "77", "78")
-TILED_ATTN_WGMMA_N(160, 80, "80", "81", "82", "83", "{%80, %81, %82, %83}", "84", "85", "86")
-TILED_ATTN_WGMMA_N(256, 128, "128", "129", "130", "131", "{%128, %129, %130, %131}", "132", "133", "134")
+TILED_ATTN_WGMMA_N(32, 16, "16", "17", "18", "19", "20", "{%16, %17, %18, %19}", "20", "21", "22")
+TILED_ATTN_WGMMA_N(64, 32, "32", "33", "34", "35", "36", "{%32, %33, %34, %35}", "36", "37", "38")
+TILED_ATTN_WGMMA_N(96, 48, "48", "49", "50", "51", "52", "{%48, %49, %50, %51}", "52", "53", "54")
+TILED_ATTN_WGMMA_N(112, 56, "56", "57", "58", "59", "60", "{%56, %57, %58, %59}", "60", "61", "62")
+TILED_ATTN_WGMMA_N(128, 64, "64", "65", "66", "67", "68", "{%64, %65, %66, %67}", "68", "69", "70")
+TILED_ATTN_WGMMA_N(144, 72, "72", "73", "74", "75", "76", "{%72, %73, %74, %75}", "76", "77", "78")
+TILED_ATTN_WGMMA_N(160, 80, "80", "81", "82", "83", "84", "{%80, %81, %82, %83}", "84", "85", "86")
+TILED_ATTN_WGMMA_N(256, 128, "128", "129", "130", "131", "132", "{%128, %129, %130, %131}", "132", "133", "134")
 
 #undef TILED_ATTN_WGMMA
 #undef TILED_ATTN_WGMMA_N

@@ -1,0 +1,50 @@
+// flash_bwd_sm90.cuh: what the wgmma attention backward's entry (flash_bwd_sm90.cu), its per-head-dim
+// instantiations (flash_bwd_sm90_hdim*.cu) and the kernel (flash_bwd_sm90_kernel.cuh) share: the
+// kernel's parameters and the host-side operands its tensor maps are made from. No kernel code here.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../attention.h"
+
+namespace tiled_attn {
+namespace flash_fwd_sm90 {
+
+// Everything the consumers read besides the tiles (which arrive by TMA through BwdMaps).
+struct BwdParams {
+  const float* lse;    // (B, Hq, Nq) contiguous, natural log; -inf for a row with no visible key
+  const float* delta;  // (B, Hq, Nq) contiguous: rowsum(dO · O), minus lse's gradient if any
+  float* dq_accum;     // (B·Hq, Nq, D) contiguous float32: += Σ_j dS_ij k_j, without the softmax scale
+  void* dk;            // (B, Hkv, Nk, D), overwritten: scale · Σ dS_ij q_i over the GQA group
+  void* dv;            // (B, Hkv, Nk, D), overwritten: Σ P_ij dO_i over the GQA group
+  int64_t dk_batch, dk_head, dk_seq;
+  int64_t dv_batch, dv_head, dv_seq;
+  int64_t causal_offset;  // key j visible from query i iff j <= i + causal_offset (clamped to [-Nq, Nk])
+  int heads_q, heads_kv, group;
+  int bh_offset;  // first (batch·Hkv + kv head) slot of this launch (grid.y is capped at 65535)
+  int seqlen_q, seqlen_k;
+  float scale_log2;  // softmax scale · log2 e
+  float scale;
+  bool causal;
+};
+
+// The four tile maps (Q, K, V, dO over (D, N, H, B), innermost first), one __grid_constant__ parameter.
+struct BwdMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+// The 16-bit operands the maps are made from: bases and element strides (head dim contiguous).
+struct BwdOperands {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;
+  int64_t batch;
+  AttnStrides q_stride, k_stride, v_stride, do_stride;
+};
+
+}  // namespace flash_fwd_sm90
+}  // namespace tiled_attn

@@ -1,0 +1,339 @@
+// flash_bwd_sm90_kernel.cuh: the attention backward on Hopper's warpgroup MMA (wgmma, sm_90a), with the
+// warp-specialized forward's producer (flash_fwd_sm90_ws_kernel.cuh) and FlashAttention-2's loop order:
+// a CTA owns kBlockN = 128 keys of one (batch, kv head), keeps K and V resident, and walks the query
+// tiles (kBlockM = 64 rows) of every query head of its GQA group, so dK and dV are summed over the
+// group in registers and written once. dQ is added to a float32 accumulator with red.global.add
+// (atomics: the default backward's dQ; deterministic=True keeps the Triton pass).
+//   warpgroup 0, the producer: one thread loads K and V once (TMA, one mbarrier), then Q and dO of
+//     each query tile into a kStages ring ("full" / "empty" mbarriers per slot, as in the forward).
+//   warpgroups 1 and 2, the consumers: 64 keys each (rows 64cw.. of the K / V tile). Per query tile:
+//     Sᵀ  = K Qᵀ      wgmma SS (A = K, B = Q: both K-major)                 64 keys x 64 queries
+//     dPᵀ = V dOᵀ     wgmma SS (A = V, B = dO)
+//     Pᵀ  = exp2(Sᵀ·scale·log2 e − lse·log2 e), masked to 0 where a key is not visible
+//     dSᵀ = Pᵀ ∘ (dPᵀ − delta)
+//     dV += Pᵀ dO     wgmma RS (A = Pᵀ from registers, B = dO MN-major)     64 keys x D
+//     dK += dSᵀ Q     wgmma RS (A = dSᵀ, B = Q MN-major)
+//     dQ  = dS K      wgmma SS (A = dS from shared memory, MN-major; B = K MN-major): the tile's 64
+//                     rows x this consumer's D / 2 columns, over all 128 keys of the CTA
+//   then red.global.add.v2.f32 of dQ into the accumulator. Computing Sᵀ and dPᵀ (keys as the wgmma's
+//   M) puts Pᵀ and dSᵀ in the accumulator layout that is exactly the register A fragment of the dV
+//   and dK products (flash_fwd_sm90_kernel.cuh pack_p), so neither goes through shared memory; only
+//   dS does, for dQ, which needs all 128 keys: both consumers store their dSᵀ rows (64 keys each) into
+//   one of two dS buffers and meet at a named barrier (the producer warp is not in it).
+// Why the two dS buffers suffice: a consumer writes buffer it % 2 after it waited for its own dQ
+// product of tile it − 2, and the barrier of tile it − 1 (which both passed) came after the other
+// consumer's wait for that product.
+// Rows and keys past the ends: TMA zero-fills Q and dO rows past Nq and K and V rows past Nk; lse reads
+// as +inf past Nq (so P = 0 there), and P is masked to 0 for keys past Nk and across the causal
+// diagonal (bottom-right: key j visible from query i iff j <= i + causal_offset); a row with no visible
+// key (lse −inf) is all masked. Tiles the causal mask cannot reach are not masked at all.
+// Every tile in shared memory is 1024-byte aligned and laid out as in the forward (128-byte swizzle,
+// 64-column blocks: flash_fwd_sm90_kernel.cuh); the dS buffer is dSᵀ row-major (128 keys x 64 queries,
+// one column block), which is dS MN-major for the dQ product.
+// tests/emulation/flash_bwd_sm90_emulator.cpp runs this kernel on the CPU against a float64 reference.
+#pragma once
+
+#include "flash_bwd_sm90.cuh"
+#include "flash_fwd_sm90_kernel.cuh"
+#include "tma.cuh"
+
+namespace tiled_attn {
+namespace flash_fwd_sm90 {
+
+template <int kHeadDim_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128;  // keys per CTA: two consumers of 64 (wgmma's M)
+  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kConsumerThreads = kConsumers * 128;
+  static constexpr int kSRegs = kBlockM / 2;      // Sᵀ and dPᵀ accumulators (64 keys x kBlockM)
+  static constexpr int kPVSteps = kBlockM / 16;   // k steps (queries) of the dV and dK products
+  static constexpr int kAccRegs = kHeadDim / 2;   // dV and dK accumulators (64 keys x D)
+  static constexpr int kDqCols = kHeadDim / 2;    // each consumer's dQ columns
+  static constexpr int kDqRegs = kDqCols / 2;
+  static constexpr int kQKSteps = kHeadDim / 16;  // k steps (head dim) of Sᵀ and dPᵀ
+  static constexpr int kDqSteps = kBlockN / 16;   // k steps (keys) of dQ
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or dO tile
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kLdBytes = 2 * kBlockM * 4;  // a query tile's lse and delta
+  static constexpr int kSmemLimit = 232448;
+  // Ring depth: as many Q + dO slots as fit beside K, V and the two dS buffers, at most 4.
+  static constexpr int kStages =
+      std::min(4, (kSmemLimit - 1024 - 2 * kKVBytes - 2 * kDsBytes - 2 * kLdBytes - 8 * 9) / (2 * kQBytes));
+  static constexpr int kBarriers = 1 + 2 * kStages;  // K/V full; per slot full and empty
+  static constexpr int kSmemBytes =
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kLdBytes + 8 * kBarriers + 1024;
+  // setmaxnreg budgets as in the forward with two consumers: dV and dK (D registers together), Sᵀ and
+  // dPᵀ (kBlockM), their packed fragments and dQ live at once.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static_assert(kBlockM == 64, "one 128-byte dS row per key (the dS buffer is one column block); the lse / delta "
+                "staging's 512-byte buffers");
+  static_assert(kStages >= 2, "one slot loading while one is computed");
+  static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
+};
+
+// What a CTA computes: its keys [n0, n0 + kBlockN) of one (batch, kv head), and the query tiles that
+// see any of them, for each query head of the group (iteration it: head head(it), rows m0(it)..).
+template <class Tr>
+struct BwdTile {
+  int batch, head_kv, n0, m_first, per_head, n_iters, shift;
+
+  __device__ __forceinline__ explicit BwdTile(const BwdParams& p) {
+    const int slot = p.bh_offset + static_cast<int>(blockIdx.y);
+    batch = slot / p.heads_kv;
+    head_kv = slot - batch * p.heads_kv;
+    n0 = static_cast<int>(blockIdx.x) * Tr::kBlockN;  // x = 0 first: under causal masks the busiest CTA
+    // The first query that sees key n0 (causal: i >= n0 − offset).
+    const int first_q = p.causal ? static_cast<int>(clamp64(int64_t{n0} - p.causal_offset, 0, p.seqlen_q)) : 0;
+    m_first = first_q / Tr::kBlockM;
+    per_head = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM - m_first;
+    n_iters = per_head * p.group;
+    // Each CTA starts its walk at another query tile (and wraps around): the CTAs of one head add
+    // their dQ to different rows at a time, not all to the first tile's.
+    shift = per_head > 0 ? static_cast<int>(blockIdx.x) % per_head : 0;
+  }
+  __device__ __forceinline__ int head(const BwdParams& p, int it) const { return head_kv * p.group + it / per_head; }
+  __device__ __forceinline__ int m0(int it) const { return (m_first + (it + shift) % per_head) * Tr::kBlockM; }
+  // Whether the tile at rows m0 needs the mask: keys past Nk, or a key above some row's diagonal.
+  __device__ __forceinline__ bool masked(const BwdParams& p, int m0) const {
+    return n0 + Tr::kBlockN > p.seqlen_k || (p.causal && int64_t{n0} + Tr::kBlockN - 1 > int64_t{m0} + p.causal_offset);
+  }
+};
+
+template <class Tr, typename T>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ BwdMaps maps) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sK = (smem_u32(smem_raw) + 1023u) & ~1023u;  // every tile 1024-byte aligned
+  const uint32_t sV = sK + Tr::kKVBytes;
+  const uint32_t sQ = sV + Tr::kKVBytes;                  // kStages slots
+  const uint32_t sDO = sQ + Tr::kStages * Tr::kQBytes;    // kStages slots
+  const uint32_t sDS = sDO + Tr::kStages * Tr::kQBytes;   // two buffers
+  const uint32_t sLD = sDS + 2 * Tr::kDsBytes;           // two lse + delta buffers
+  const uint32_t sBar = sLD + 2 * Tr::kLdBytes;
+  const uint32_t bar_kv = sBar;
+  auto full = [&](int s) { return sBar + 8u * (1 + s); };
+  auto empty = [&](int s) { return sBar + 8u * (1 + Tr::kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const BwdTile<Tr> cta(p);
+
+  if (tid == 0) {
+    mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), Tr::kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      // K and V even when no query tile sees them: the consumers wait for them before they exit, so
+      // no TMA is in flight when the CTA ends.
+      mbar_arrive_expect_tx(bar_kv, 2 * Tr::kKVBytes);
+#pragma unroll
+      for (int b = 0; b < Tr::kColBlocks; ++b) {
+        tma_load_4d(sK + b * Tr::kBlockN * 128, &maps.k, bar_kv, 64 * b, cta.n0, cta.head_kv, cta.batch);
+        tma_load_4d(sV + b * Tr::kBlockN * 128, &maps.v, bar_kv, 64 * b, cta.n0, cta.head_kv, cta.batch);
+      }
+      for (int it = 0; it < cta.n_iters; ++it) {
+        const int s = it % Tr::kStages;
+        mbar_wait(empty(s), ((it / Tr::kStages) & 1) ^ 1);  // round 0 passes (see the forward)
+        const int head = cta.head(p, it), m0 = cta.m0(it);
+        mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes);
+#pragma unroll
+        for (int b = 0; b < Tr::kColBlocks; ++b) {
+          tma_load_4d(sQ + s * Tr::kQBytes + b * Tr::kBlockM * 128, &maps.q, full(s), 64 * b, m0, head, cta.batch);
+          tma_load_4d(sDO + s * Tr::kQBytes + b * Tr::kBlockM * 128, &maps.dout, full(s), 64 * b, m0, head,
+                      cta.batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;  // this warpgroup's keys: rows 64cw .. 64cw + 63 of the K / V tile
+  const int warp = (tid % 128) / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int key_row = cw * 64 + warp * 16 + g;  // this thread's keys: tile rows key_row and key_row + 8
+  const int key0 = cta.n0 + key_row;
+
+  float dv[Tr::kAccRegs], dk[Tr::kAccRegs];
+#pragma unroll
+  for (int i = 0; i < Tr::kAccRegs; ++i) dv[i] = dk[i] = 0.f;
+
+  // K-major A (this consumer's K / V rows) and B (Q / dO of slot 0); MN-major B (Q / dO for dK / dV,
+  // K for dQ: this consumer's columns) and A (dS). K step kk of a K-major operand is 32 bytes into the
+  // 128-byte rows of column block kk / 4; of an MN-major one, 16 rows (2048 bytes) on.
+  const uint64_t desc_k = make_desc_sw128(sK + cw * 64 * 128, 16, 1024);
+  const uint64_t desc_v = make_desc_sw128(sV + cw * 64 * 128, 16, 1024);
+  const uint64_t desc_q = make_desc_sw128(sQ, 16, 1024);
+  const uint64_t desc_do = make_desc_sw128(sDO, 16, 1024);
+  const uint64_t desc_q_mn = make_desc_sw128(sQ, Tr::kBlockM * 128, 1024);
+  const uint64_t desc_do_mn = make_desc_sw128(sDO, Tr::kBlockM * 128, 1024);
+  const int dq_col0 = cw * Tr::kDqCols;
+  // Column dq_col0 of K: its column block, then (D = 64: 32 columns) 64 bytes into the 128-byte rows;
+  // the swizzle applies to the address as a whole, as for the K-major k steps.
+  const uint64_t desc_k_mn =
+      make_desc_sw128(sK + (dq_col0 / 64) * Tr::kBlockN * 128 + (dq_col0 % 64) * 2, Tr::kBlockN * 128, 1024);
+  const uint64_t desc_ds = make_desc_sw128(sDS, Tr::kBlockN * 128, 1024);
+
+  // lse (log2 units; +inf where P must be 0: past Nq, or a row with no visible key) and delta of a
+  // query tile, staged in shared memory one tile ahead (buffer it % 2: lse at 0, delta at 256 bytes):
+  // consumer thread ct < 64 loads lse of row ct, 64 <= ct < 128 delta of row ct − 64, and stores it
+  // before the named barrier of the tile before. Held in registers instead, the 2·kBlockM / 4 values
+  // each thread needs pushed the D = 128 consumers past their 240 registers.
+  const int ct = tid - 128;
+  auto fetch = [&](int it) {
+    const int64_t row = (int64_t{cta.batch} * p.heads_q + cta.head(p, it)) * p.seqlen_q;
+    const int col = cta.m0(it) + ct % Tr::kBlockM;
+    if (col >= p.seqlen_q) return ct < Tr::kBlockM ? CUDART_INF_F : 0.f;
+    if (ct >= Tr::kBlockM) return p.delta[row + col];
+    const float l = p.lse[row + col];
+    return l == -CUDART_INF_F ? CUDART_INF_F : l * kLog2e;
+  };
+  auto stage = [&](int it, float v) { st_shared_b32(sLD + (it % 2) * 512 + ct * 4, __float_as_uint(v)); };
+  if (ct < 2 * Tr::kBlockM && cta.n_iters > 0) stage(0, fetch(0));
+  named_barrier_sync(1, Tr::kConsumerThreads);
+
+  mbar_wait(bar_kv, 0);
+  for (int it = 0; it < cta.n_iters; ++it) {
+    const int s = it % Tr::kStages;
+    const int head = cta.head(p, it), m0 = cta.m0(it);
+    const int64_t row_base = (int64_t{cta.batch} * p.heads_q + head) * p.seqlen_q;  // dQ rows
+    const bool prefetch = ct < 2 * Tr::kBlockM && it + 1 < cta.n_iters;
+    const float next = prefetch ? fetch(it + 1) : 0.f;
+    const uint32_t ld = sLD + (it % 2) * 512 + 8 * t;  // this thread's columns 8j + 2t, + 1: 32j bytes on
+
+    mbar_wait(full(s), (it / Tr::kStages) & 1);
+    float st[Tr::kSRegs], dpt[Tr::kSRegs];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+      const uint32_t k_off = (kk % 4) * 32;
+      Wgmma<Tr::kBlockM, T>::template ss<0>(st, desc_advance(desc_k, (kk / 4) * Tr::kBlockN * 128 + k_off),
+                                           desc_advance(desc_q, s * Tr::kQBytes + (kk / 4) * Tr::kBlockM * 128 + k_off),
+                                           kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+      const uint32_t k_off = (kk % 4) * 32;
+      Wgmma<Tr::kBlockM, T>::template ss<0>(dpt, desc_advance(desc_v, (kk / 4) * Tr::kBlockN * 128 + k_off),
+                                           desc_advance(desc_do, s * Tr::kQBytes + (kk / 4) * Tr::kBlockM * 128 + k_off),
+                                           kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
+    fence_operands(st);
+    // Column 8·(i / 4) + 2t + i % 2 of register i: one 8-byte shared load per column pair.
+    auto lse2 = [&](int i) {
+      const float2 v = ld_shared_f32x2(ld + 32 * (i / 4));
+      return i % 2 ? v.y : v.x;
+    };
+    auto dl = [&](int i) {
+      const float2 v = ld_shared_f32x2(ld + 256 + 32 * (i / 4));
+      return i % 2 ? v.y : v.x;
+    };
+
+    // Pᵀ in place. Accumulator register i: key key0 + 8·((i / 2) % 2), query m0 + 8·(i / 4) + 2t + i % 2.
+    if (cta.masked(p, m0)) {
+#pragma unroll
+      for (int i = 0; i < Tr::kSRegs; ++i) {
+        const int key = key0 + 8 * ((i / 2) % 2);
+        const int64_t col = m0 + 8 * (i / 4) + 2 * t + i % 2;
+        const bool visible = key < p.seqlen_k && (!p.causal || key <= col + p.causal_offset);
+        st[i] = visible ? exp2_ftz(fmaf(st[i], p.scale_log2, -lse2(i))) : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Tr::kSRegs; ++i) st[i] = exp2_ftz(fmaf(st[i], p.scale_log2, -lse2(i)));
+    }
+    wgmma_wait<0>();
+    fence_operands(dpt);
+#pragma unroll
+    for (int i = 0; i < Tr::kSRegs; ++i) dpt[i] = st[i] * (dpt[i] - dl(i));
+
+    uint32_t pa[Tr::kPVSteps][4], da[Tr::kPVSteps][4];
+    pack_p<Tr, T>(st, pa);
+    pack_p<Tr, T>(dpt, da);
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(da);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk)
+      Wgmma<Tr::kHeadDim, T>::template rs<1>(dv, pa[kk], desc_advance(desc_do_mn, s * Tr::kQBytes + kk * 16 * 128), 1);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk)
+      Wgmma<Tr::kHeadDim, T>::template rs<1>(dk, da[kk], desc_advance(desc_q_mn, s * Tr::kQBytes + kk * 16 * 128), 1);
+    wgmma_commit();
+
+    // dSᵀ rows into dS buffer it % 2 (reading da while the dK product reads it too is allowed): fragment
+    // register r of k step kk is key row key_row + 8·(r % 2), queries 16kk + 8·(r / 2) + 2t (+1), i.e.
+    // the 16-byte chunk 2kk + r / 2 of that row, 4t bytes in.
+    const uint32_t ds = sDS + (it % 2) * Tr::kDsBytes;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        st_shared_b32(ds + swizzled_offset<Tr::kBlockN>(key_row + 8 * (r % 2), 2 * kk + r / 2) + 4 * t, da[kk][r]);
+    if (prefetch) stage(it + 1, next);
+    fence_proxy_async();
+    named_barrier_sync(1, Tr::kConsumerThreads);  // both consumers' 64 keys of dS (and the next lse) are in
+
+    float dq[Tr::kDqRegs];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kDqSteps; ++kk)
+      Wgmma<Tr::kDqCols, T>::template ss<1, 1>(dq, desc_advance(desc_ds, (it % 2) * Tr::kDsBytes + kk * 16 * 128),
+                                              desc_advance(desc_k_mn, kk * 16 * 128), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
+    fence_operands(dv);
+    fence_operands(dk);
+    mbar_arrive(empty(s));  // this thread's reads of Q and dO (slot s) are done
+
+    // dQ: register i is query m0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4) + 2t (+1).
+    float* const dq_rows = p.dq_accum + (row_base + m0) * Tr::kHeadDim + dq_col0 + 2 * t;
+#pragma unroll
+    for (int i = 0; i < Tr::kDqRegs; i += 2) {
+      const int r = warp * 16 + g + 8 * ((i / 2) % 2);
+      if (m0 + r < p.seqlen_q) red_add_f32x2(dq_rows + int64_t{r} * Tr::kHeadDim + 8 * (i / 4), dq[i], dq[i + 1]);
+    }
+  }
+
+  // dV and dK (scaled) of this thread's two keys, 4-byte stores of adjacent columns.
+  T* const gdv = static_cast<T*>(p.dv) + int64_t{cta.batch} * p.dv_batch + int64_t{cta.head_kv} * p.dv_head;
+  T* const gdk = static_cast<T*>(p.dk) + int64_t{cta.batch} * p.dk_batch + int64_t{cta.head_kv} * p.dk_head;
+#pragma unroll
+  for (int i = 0; i < Tr::kAccRegs; i += 2) {
+    const int key = key0 + 8 * ((i / 2) % 2);
+    const int col = 8 * (i / 4) + 2 * t;
+    if (key < p.seqlen_k) {
+      *reinterpret_cast<uint32_t*>(gdv + int64_t{key} * p.dv_seq + col) = pack2<T>(dv[i], dv[i + 1]);
+      *reinterpret_cast<uint32_t*>(gdk + int64_t{key} * p.dk_seq + col) = pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
+    }
+  }
+}
+
+}  // namespace flash_fwd_sm90
+}  // namespace tiled_attn

@@ -1,0 +1,54 @@
+// flash_bwd_sm90_launch.cuh: the host launcher of flash_bwd_sm90_kernel (its four TMA tensor maps, then
+// the grid). Included by the flash_bwd_sm90_hdim*.cu files (one head dim each, both dtypes) and by the
+// CPU emulator (which supplies launch_bwd_kernel and encode_tile_map).
+#pragma once
+
+#include "flash_bwd_sm90_kernel.cuh"
+#include "flash_fwd_sm90_launch.cuh"
+
+namespace tiled_attn {
+namespace flash_fwd_sm90 {
+
+// Grid: x = the key tiles (kBlockN keys each), y = the (batch, kv head) slots in slices of kMaxGridY.
+template <class Tr, typename T>
+cudaError_t launch_bwd_kernel(BwdParams params, const BwdMaps& maps, int64_t slots, cudaStream_t stream)
+#ifdef TILED_ATTN_EMULATION
+    ;
+#else
+{
+  const auto kernel = flash_bwd_sm90_kernel<Tr, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const unsigned n_blocks = static_cast<unsigned>((params.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  for (int64_t first = 0; first < slots; first += kMaxGridY) {
+    params.bh_offset = static_cast<int>(first);
+    const dim3 grid(n_blocks, static_cast<unsigned>(std::min<int64_t>(kMaxGridY, slots - first)), 1);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+#endif
+
+// Head dim D, element type T: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN), then
+// the launch over B·Hkv slots. Instantiated in flash_bwd_sm90_hdim<D>.cu.
+template <int kHeadDim, typename T>
+cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, cudaStream_t stream) {
+  using Tr = BwdTraits<kHeadDim>;
+  BwdMaps maps;
+  if (!encode_operand(&maps.q, a.q, a.batch, params.heads_q, params.seqlen_q, kHeadDim, a.q_stride.batch,
+                      a.q_stride.head, a.q_stride.seq, Tr::kBlockM) ||
+      !encode_operand(&maps.dout, a.dout, a.batch, params.heads_q, params.seqlen_q, kHeadDim, a.do_stride.batch,
+                      a.do_stride.head, a.do_stride.seq, Tr::kBlockM) ||
+      !encode_operand(&maps.k, a.k, a.batch, params.heads_kv, params.seqlen_k, kHeadDim, a.k_stride.batch,
+                      a.k_stride.head, a.k_stride.seq, Tr::kBlockN) ||
+      !encode_operand(&maps.v, a.v, a.batch, params.heads_kv, params.seqlen_k, kHeadDim, a.v_stride.batch,
+                      a.v_stride.head, a.v_stride.seq, Tr::kBlockN)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);
+}
+
+}  // namespace flash_fwd_sm90
+}  // namespace tiled_attn

@@ -1,0 +1,72 @@
+"""The wgmma attention backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh, sm_90a) on a machine
+without a GPU: the kernel, unchanged, runs in tests/emulation/flash_bwd_sm90_emulator.cpp (every CUDA
+thread a CPU fiber; wgmma with MN-major A and N = 32, mbarrier phases, TMA boxes, named barriers,
+red.global.add and the shared-memory race / proxy checks emulated from the PTX ISA: sm90_emu.h,
+emu_common.h) through its entry attention_bwd_sm90, against a float64 reference of dq (from the
+dq_accum it adds to), dk and dv on ragged sizes, causal offsets (rows with no key), GQA / MQA and a
+negative scale; every dk / dv element written, nothing written outside them. A few seconds per head dim.
+The emulator's own test: two planted synchronization bugs fail it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from helpers import build_attention_emulator, fresh_seed, reproduce_hint, run_attention_emulator
+
+SM90 = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "attention" / "sm90"
+HEAD_DIMS = (64, 128)  # the emulator's cases (flash_bwd_sm90_emulator.cpp main)
+
+
+def test_emulated_head_dims_are_the_instantiated_ones():
+    """A head dim added to the entry (BwdHeadDims, flash_bwd_sm90_hdim*.cu) needs cases in the emulator."""
+    m = re.search(r"BwdHeadDims = flash_fwd::HeadDims<([\d, ]+)>", (SM90 / "flash_bwd_sm90.cu").read_text())
+    assert m, "BwdHeadDims's definition changed: update this test"
+    assert tuple(int(d) for d in m.group(1).split(",")) == HEAD_DIMS
+    files = sorted(int(p.stem.removeprefix("flash_bwd_sm90_hdim")) for p in SM90.glob("flash_bwd_sm90_hdim*.cu"))
+    assert tuple(files) == HEAD_DIMS
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> pathlib.Path:
+    return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd"))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_backward_kernel_in_the_emulator(emulator, head_dim):
+    out = run_attention_emulator(emulator, head_dim, timeout=1200)
+    assert re.search(r"^0 of 8 cases failed$", out, re.M), out[-3000:]
+    assert len(re.findall(rf"^ok   D=\s*{head_dim} ", out, re.M)) == 8, out[-3000:]
+
+
+# A planted bug and what the emulator must report for it. short_count: the slot-release mbarriers count
+# one consumer warpgroup (128 arrivals) too few, so the producer refills a Q / dO slot the lagging
+# consumer's wgmmas still read. short_named: the named barrier releases one consumer alone, whose dQ
+# wgmma then reads dS rows the other has not stored.
+MUTATIONS = {
+    "short_count": r"deadlock|before .* waited|overwrites|lands on",
+    "short_named": r"never written|no __syncthreads|overwrites|changed while",
+}
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("mutate", sorted(MUTATIONS))
+def test_emulator_catches_a_planted_synchronization_bug(emulator, head_dim, mutate):
+    """With consumer warpgroup 1 lagging (TILED_ATTN_EMU_LAG: the others run as far ahead as the
+    kernel's barriers let them) the kernel as written passes and the mutated synchronization fails a
+    hazard check (not merely the numerics)."""
+    seed = str(fresh_seed())
+    base = {**os.environ, "TILED_ATTN_EMU_LAG": "1"}
+    ran = {}
+    for m in ("", mutate):
+        r = subprocess.run([str(emulator), str(head_dim), seed], capture_output=True, text=True, timeout=600,
+                           env={**base, "TILED_ATTN_EMU_MUTATE": m})
+        ran[m] = (r.returncode, r.stdout)
+    (rc_ok, out_ok), (rc_bad, out_bad) = ran[""], ran[mutate]
+    tag = f"[seed={seed}; {reproduce_hint()}]"
+    assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (tag, out_ok[-3000:])
+    assert rc_bad == 1 and re.search(rf"^FAIL D=.*: .*({MUTATIONS[mutate]})", out_bad, re.M), (tag, out_bad[-3000:])

@@ -1,0 +1,82 @@
+"""The CUDA attention backward: csrc/attention/sm90/flash_bwd_sm90_kernel.cuh (wgmma, sm_90a).
+
+Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "cuda": `plan_backward` returns
+the launches for a signature the kernel covers, or None, and the Triton backward runs instead. Covered:
+compute capability 9.0 with the extension's sm90 kernels built, head dims BWD_HEAD_DIMS in fp16/bf16,
+Nq and Nk >= 1, no window / softcap / ALiBi / key mask / varlen, deterministic=False (dQ is added
+with float32 atomics, whose order varies between runs), every operand's base and strides on TMA's
+16-byte rule, and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim.
+
+One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient), a
+zeroed float32 (B·Hq, Nq, D) dQ accumulator, the wgmma kernel (dK and dV written, dQ accumulated),
+then dq = scale · accumulator (the Triton store kernel of the atomic dQ mode). Extra memory: delta
+(B·Hq·Nq floats) and the accumulator (B·Hq·Nq·D floats), as the Triton atomic mode; no N×N tensor.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import configs
+from .._plan import current_stream as _stream
+from . import _build
+
+__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers"]
+
+# What csrc/attention/sm90/flash_bwd_sm90_hdim*.cu instantiate (BwdHeadDims in flash_bwd_sm90.cu).
+BWD_HEAD_DIMS = (64, 128)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """TMA's rule, as attention_bwd_sm90 checks it: a 16-byte base, a contiguous head dim and
+    batch / head / seq strides in multiples of 8 elements (a dim of size 1 excepted)."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(n <= 1 or s % 8 == 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
+
+
+def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> bool:
+    """Whether the wgmma backward runs this signature (see the module doc); no device work."""
+    if deterministic or mods is not None or q.device.type != "cuda":
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in BWD_HEAD_DIMS:
+        return False
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        return False
+    arch = configs.arch(q.device)
+    if configs.CUDA_ATTENTION_BACKWARD.get((arch, q.shape[-1])) != "wgmma":
+        return False
+    if not all(_aligned(t) for t in (q, k, v, grad_out, dk, dv)):
+        return False
+    ext = _build.load(q.device)
+    return bool(getattr(ext, "has_attention_sm90", False)) and hasattr(ext, "attention_bwd_sm90")
+
+
+def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
+                  has_dlse: bool, deterministic: bool = False, mods=None):
+    """run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv) for this signature, or None where the
+    kernel does not cover it (`covers`)."""
+    if not covers(q, k, v, out, grad_out, dq, dk, dv, deterministic, mods):
+        return None
+    from ..triton.attention import WIDE_STRIDE
+    from ..triton.attention_backward import plan_delta, plan_dq_store
+    b, hq, n_q, d = q.shape
+    n_k = k.shape[2]
+    device = q.device
+    wide = max(max(t.stride()) for t in (out, grad_out, dq)) >= WIDE_STRIDE
+    delta = plan_delta(out, grad_out, has_dlse, wide)
+    store = plan_dq_store(dq, scale, wide)
+    ext = _build.load(device)
+    kernel = ext.attention_bwd_sm90
+    # Beyond the keys every row sees them all (or none): the mask is off, as the forward plans it.
+    causal = causal and causal_offset < n_k - 1
+    rows = b * hq * n_q
+    index = device.index if device.index is not None else torch.cuda.current_device()
+
+    def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
+        ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)
+        acc = torch.zeros(rows * d, dtype=torch.float32, device=device)
+        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset,
+                    _stream(index))
+        store(acc, dq)
+    return run
