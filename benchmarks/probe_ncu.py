@@ -17,6 +17,8 @@ Targets:
       attention_backward suite, 250-272 TFLOP/s on the H200 where cuDNN's is ~450-550. Each run is
       one backward of a forward made once; `--kernel-name regex:attention_bwd_(dkdv|dq)` with
       `--launch-skip 2 --launch-count 2` takes the second run's two big kernels.
+  backward-d64-wgmma / backward-d128-wgmma (-causal): the same backward through backend "cuda" (its
+      forward, and the wgmma backward flash_bwd_sm90_kernel); `--kernel-name regex:flash_bwd_sm90`.
   fwd-d128-wgmma / fwd-d128-wgmma_ws / fwd-d128-triton: the attention forward at bf16, B = 4,
       H = 16, N = 8192, D = 128, not causal (the attention suite's point where cuDNN leads by
       ~1.2x): the cp.async and warp-specialized wgmma kernels forced, and the Triton default.
@@ -41,7 +43,7 @@ def _targets(dev: torch.device) -> dict:
     table = torch.randperm(64, device=dev, generator=g).view(1, 64).to(torch.int32)
     pool = torch.empty(64, 64, 8, 128, device=dev, dtype=torch.bfloat16)
     pool[table[0].long()] = kc.view(64, 64, 8, 128)
-    def backward(d):
+    def backward(d, backend="triton", causal=False):
         state = []  # made at the first call: only the probed target allocates
 
         def run():
@@ -49,7 +51,7 @@ def _targets(dev: torch.device) -> dict:
                 b, h, n = 4, 2048 // d, 4096
                 qkv = [torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
                        for _ in range(3)]
-                out = ta.attention(*qkv, backend="triton")
+                out = ta.attention(*qkv, causal=causal, backend=backend)
                 state.extend([out, qkv, torch.randn(out.shape, device=dev, dtype=out.dtype, generator=g)])
             out, qkv, dout = state
             return torch.autograd.grad(out, qkv, dout, retain_graph=True)
@@ -75,6 +77,9 @@ def _targets(dev: torch.device) -> dict:
         "fwd-d128-triton": forward("triton"),
         "backward-d64": backward(64),
         "backward-d128": backward(128),
+        "backward-d64-wgmma": backward(64, "cuda"),
+        "backward-d128-wgmma": backward(128, "cuda"),
+        "backward-d128-wgmma-causal": backward(128, "cuda", True),
         "softmax-fp32-triton": lambda: ta.softmax(x, backend="triton"),
         "softmax-fp32-cuda": lambda: ta.softmax(x, backend="cuda"),
         "softmax-fp32-torch": lambda: torch.softmax(x, -1),

@@ -69,6 +69,10 @@ struct BwdTraits {
       2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kLdBytes + 8 * kBarriers + 1024;
   // setmaxnreg budgets as in the forward with two consumers: dV and dK (D registers together), Sᵀ and
   // dPᵀ (kBlockM), their packed fragments and dQ live at once.
+  // The next tile's Sᵀ and dPᵀ issued before this tile's dQ reductions (which they then overlap), or
+  // at the top of the next iteration. At D = 128 the accumulators in flight there spill (ptxas, nvcc
+  // 13.0: 384 bytes with both, 256 with Sᵀ alone), so D = 128 issues them late.
+  static constexpr bool kEarly = kHeadDim <= 64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
@@ -212,18 +216,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (ct < 2 * Tr::kBlockM && cta.n_iters > 0) stage(0, fetch(0));
   named_barrier_sync(1, Tr::kConsumerThreads);
 
-  mbar_wait(bar_kv, 0);
-  for (int it = 0; it < cta.n_iters; ++it) {
+  // Sᵀ and dPᵀ of query tile it, one commit group each (dPᵀ still runs while Pᵀ's exponentials do).
+  // With kEarly tile it + 1's are issued before tile it's dQ reductions, which then overlap them.
+  float st[Tr::kSRegs], dpt[Tr::kSRegs];
+  auto issue_s = [&](int it) {
     const int s = it % Tr::kStages;
-    const int head = cta.head(p, it), m0 = cta.m0(it);
-    const int64_t row_base = (int64_t{cta.batch} * p.heads_q + head) * p.seqlen_q;  // dQ rows
-    const bool prefetch = ct < 2 * Tr::kBlockM && it + 1 < cta.n_iters;
-    const float next = prefetch ? fetch(it + 1) : 0.f;
-    const uint32_t ld = sLD + (it % 2) * 512 + 8 * t;  // this thread's columns 8j + 2t, + 1: 32j bytes on
-
     mbar_wait(full(s), (it / Tr::kStages) & 1);
-    float st[Tr::kSRegs], dpt[Tr::kSRegs];
-    wgmma_fence();
+    wgmma_fence();  // orders the last reads of st (packing) before the product overwrites it
 #pragma unroll
     for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
       const uint32_t k_off = (kk % 4) * 32;
@@ -232,6 +231,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            kk > 0 ? 1 : 0);
     }
     wgmma_commit();
+  };
+  auto issue_dp = [&](int it) {  // after issue_s(it), which waited for the slot's Q and dO
+    const int s = it % Tr::kStages;
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
       const uint32_t k_off = (kk % 4) * 32;
@@ -240,6 +243,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            kk > 0 ? 1 : 0);
     }
     wgmma_commit();
+  };
+
+  mbar_wait(bar_kv, 0);
+  if (Tr::kEarly && cta.n_iters > 0) {
+    issue_s(0);
+    issue_dp(0);
+  }
+  for (int it = 0; it < cta.n_iters; ++it) {
+    const int s = it % Tr::kStages;
+    const int head = cta.head(p, it), m0 = cta.m0(it);
+    const int64_t row_base = (int64_t{cta.batch} * p.heads_q + head) * p.seqlen_q;  // dQ rows
+    const bool prefetch = ct < 2 * Tr::kBlockM && it + 1 < cta.n_iters;
+    const float next = prefetch ? fetch(it + 1) : 0.f;
+    const uint32_t ld = sLD + (it % 2) * 512 + 8 * t;  // this thread's columns 8j + 2t, + 1: 32j bytes on
+    if constexpr (!Tr::kEarly) {
+      issue_s(it);
+      issue_dp(it);
+    }
+
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_operands(st);
     // Column 8·(i / 4) + 2t + i % 2 of register i: one 8-byte shared load per column pair.
@@ -311,6 +333,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_operands(dv);
     fence_operands(dk);
     mbar_arrive(empty(s));  // this thread's reads of Q and dO (slot s) are done
+    if (Tr::kEarly && it + 1 < cta.n_iters) {
+      issue_s(it + 1);
+      issue_dp(it + 1);
+    }
 
     // dQ: register i is query m0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4) + 2t (+1).
     float* const dq_rows = p.dq_accum + (row_base + m0) * Tr::kHeadDim + dq_col0 + 2 * t;
