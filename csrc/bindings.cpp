@@ -428,7 +428,7 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
 std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
                                torch::Tensor& dq_accum, torch::Tensor& dk, torch::Tensor& dv, double scale, bool causal,
-                               int64_t causal_offset, int64_t stream) {
+                               int64_t causal_offset, int64_t block_m, int64_t stream) {
   Checker chk;
   tiled_attn::AttnDtype dtype;
   // check_attention_args with dout in its `out` slot: q's shape, dtype and device.
@@ -461,7 +461,7 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                                               heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q),
                                               attn_strides(k), attn_strides(v), attn_strides(dout), attn_strides(dk),
                                               attn_strides(dv), static_cast<float>(scale), causal, causal_offset,
-                                              as_stream(stream)),
+                                              block_m, as_stream(stream)),
                "CUDA wgmma attention backward kernel");
   return chk.error();
 }
@@ -750,7 +750,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "('': none)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("lse"), py::arg("delta"),
         py::arg("dq_accum"), py::arg("dk"), py::arg("dv"), py::arg("scale"), py::arg("causal"),
-        py::arg("causal_offset"), py::arg("stream"));
+        py::arg("causal_offset"), py::arg("block_m"), py::arg("stream"));
   m.def("attention_bwd_sm90_head_dim_supported", &tiled_attn::attention_bwd_sm90_head_dim_supported,
         py::arg("head_dim"));
   m.attr("has_attention_sm90") = true;

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tiled_attn as ta  # noqa: E402
-from tiled_attn import _checks, configs, reference  # noqa: E402
+from tiled_attn import _checks, _plan, configs, reference  # noqa: E402
 from tiled_attn import cuda as tcuda  # noqa: E402
 from tiled_attn.cuda import softmax as csoftmax  # noqa: E402
 from helpers import assert_rule, fresh_seed  # noqa: E402
@@ -259,17 +259,23 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
     # Each config row (tl.dot tile) once per dtype class: D 40/64 share the d64 rows, 96/128 d128.
     kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
              (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
-    if backend == "cuda":
-        kinds = ((torch.bfloat16, 64), (torch.float16, 128), (torch.bfloat16, 128))
+    if backend == "cuda":  # block_m 64 and 128 at D = 64 (the kernel's two tiles; 128 is D = 64's only)
+        kinds = ((torch.bfloat16, 64, 64), (torch.float16, 64, 128), (torch.float16, 128, 64),
+                 (torch.bfloat16, 128, 64))
     if dtypes:
         kinds = tuple((dt, d) for dt, d in kinds if dt in [DTYPES[n] for n in dtypes])
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
         shapes, heads = ((17, 33), (257, 128)), ((6, 2),)
-    for (dtype, d), (nq, nk), (hq, hkv), causal, layout in itertools.product(
+    for kind, (nq, nk), (hq, hkv), causal, layout in itertools.product(
             kinds, shapes, heads, (False, True), ("bhnd", "bnhd")):
+        dtype, d = kind[:2]
         if layout == "bnhd" and (d != 128 or dtype != torch.bfloat16):
             continue
         what = f"attention backward {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype} {layout}"
+        if len(kind) == 3:  # the wgmma backward's tile: its config row, and no plan made with another
+            configs.CUDA_ATTENTION_BACKWARD[("sm90", d)] = {"kernel": "wgmma", "block_m": kind[2]}
+            _plan.clear_all()
+            what += f" block_m={kind[2]}"
         with res.case("attention backward", what):
             def draw(h, n):
                 t = torch.randn((1, n, h, d) if layout == "bnhd" else (1, h, n, d), generator=gen)

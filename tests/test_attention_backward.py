@@ -923,12 +923,15 @@ WGMMA_BWD_CASES = [((1, 1), False, "mha"), ((113, 203), True, "gqa"), ((128, 217
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d,block_m", [(64, 64), (64, 128), (128, 64)], ids=["d64-bm64", "d64-bm128", "d128-bm64"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DT.get)
 @pytest.mark.parametrize("shape,causal,heads", WGMMA_BWD_CASES, ids=[_id(f"{s[0]}x{s[1]}", c, h) for s, c, h in WGMMA_BWD_CASES])
-def test_wgmma_backward(shape, causal, heads, dtype, d, seed):
+def test_wgmma_backward(shape, causal, heads, dtype, d, block_m, monkeypatch, seed):
+    """Each tile the kernel instantiates (configs.CUDA_ATTENTION_BACKWARD's block_m, forced here)."""
     from torch.profiler import ProfilerActivity, profile
+    from tiled_attn import configs
     device = _require("cuda", dtype, d)
+    monkeypatch.setitem(configs.CUDA_ATTENTION_BACKWARD, ("sm90", d), {"kernel": "wgmma", "block_m": block_m})
     hq, hkv = _heads(heads)
     gen = torch.Generator().manual_seed(seed)
     q, k, v = _qkv(2, hq, hkv, *shape, d, dtype, device, gen)
@@ -942,7 +945,7 @@ def test_wgmma_backward(shape, causal, heads, dtype, d, seed):
     names = [e.name for e in prof.events()]
     assert any("flash_bwd_sm90_kernel" in n for n in names), f"the wgmma backward did not run: {sorted(set(names))}"
     assert not any("attention_bwd_dkdv" in n for n in names), "the Triton dK/dV kernel ran too"
-    what = f"cuda-wgmma B=2 H={hq}/{hkv} Nq={shape[0]} Nk={shape[1]} D={d} {DT[dtype]} causal={causal}"
+    what = f"cuda-wgmma bm={block_m} B=2 H={hq}/{hkv} Nq={shape[0]} Nk={shape[1]} D={d} {DT[dtype]} causal={causal}"
     _check(grads, q, k, v, go, gl, causal, None, shape[1] - shape[0], seed, what)
 
 

@@ -363,13 +363,18 @@ def test_cuda_graph_attention(case, backend, seed):
 @pytest.mark.parametrize("backend", _gpu_backends())
 def test_cuda_graph_training_step(backend, seed):
     """A training step (ta.nn.Attention forward + backward of a loss) captured in one CUDA graph and
-    replayed on new inputs: the parameter gradients equal an eager step's bitwise (the backward
-    is deterministic by default: its dQ pass; no atomics)."""
+    replayed on new inputs: the parameter gradients equal an eager step's bitwise where the backward
+    is repeatable (Triton's default: its dQ pass, no atomics); backend "cuda" on an H100 runs its
+    wgmma backward, whose dQ float32 atomics add in a varying order, so there they agree to a few
+    bf16 roundings (a replay of stale inputs would be off by O(1))."""
     torch.manual_seed(seed)
     # D = 64: a head dim the cuda backend's forward instantiates.
     m = ta.nn.Attention(512, 8, 2, rope_theta=10000.0, backend=backend).to("cuda", torch.bfloat16)
     gen = torch.Generator().manual_seed(seed)
     x = randn((2, 256, 512), torch.bfloat16, "cuda", gen)
+    from tiled_attn.cuda import attention_backward as cb
+    q = torch.empty(2, 8, 256, 64, dtype=torch.bfloat16, device="cuda")
+    atomic = backend == "cuda" and cb.covers(q, q, q, q, q, q, q, q, False, None)
 
     def step():
         for p in m.parameters():
@@ -399,7 +404,8 @@ def test_cuda_graph_training_step(backend, seed):
         eager = step()
         for i, (a, e) in enumerate(zip(captured, eager)):
             assert torch.isfinite(a).all(), f"replay {trial}: gradient {i} not finite"
-            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda msg: f"replay {trial} grad {i}: {msg}")
+            tol = (0.0, 0.0) if not atomic else (2 ** -6, 2 ** -6 * e.abs().max().item())
+            torch.testing.assert_close(a, e, rtol=tol[0], atol=tol[1], msg=lambda msg: f"replay {trial} grad {i}: {msg}")
 
 
 @gpu

@@ -916,13 +916,14 @@ TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass", "band": True}
 # (memory-bound passes).
 TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}
 
-# backend="cuda"'s backward (tiled_attn/cuda/attention_backward.py): (arch, head dim) -> "wgmma" runs the
-# sm_90a wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh) where it covers the call, anything
-# else (or no row) the Triton backward. NOT YET MEASURED: written before its first H100 run (2026-11-28);
-# the attention_backward suite's "cuda" provider decides whether these rows stay.
+# backend="cuda"'s backward (tiled_attn/cuda/attention_backward.py): (arch, head dim) -> a row whose
+# "kernel" "wgmma" runs the sm_90a wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh) where
+# it covers the call, with "block_m" query rows per step (64; 128 at D = 64 only); no row: the Triton
+# backward. benchmarks/tune_cuda_attention_backward.py times the tiles. NOT YET MEASURED at block_m
+# 128; 64 was measured on the H100 2026-11-28 (benchmarks/results/README.md).
 CUDA_ATTENTION_BACKWARD: dict = {
-    ("sm90", 64): "wgmma",
-    ("sm90", 128): "wgmma",
+    ("sm90", 64): {"kernel": "wgmma", "block_m": 64},
+    ("sm90", 128): {"kernel": "wgmma", "block_m": 64},
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ namespace {
 using emu_cases::Case;
 using emu_cases::to_bits;
 
+int g_block_m = 64;  // the tile of the case being run (attention_bwd_sm90's block_m)
+
 // The dynamic shared memory's base and the lagging warpgroup of a case (as the forward's case_run):
 // the producer or a consumer lags in half the cases (TILED_ATTN_EMU_LAG=W: warpgroup W in every case,
 // -1 none).
@@ -145,7 +147,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const cudaError_t err = tiled_attn::attention_bwd_sm90(
       c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp, vp, dop, lse, delta,
       dq_accum.data() + guard, dk.data() + guard, dv.data() + guard, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, qs,
-      gs, gs, static_cast<float>(scale), c.causal, c.offset, nullptr);
+      gs, gs, static_cast<float>(scale), c.causal, c.offset, g_block_m, nullptr);
   if (err != cudaSuccess) emu::fail("attention_bwd_sm90 returned " + std::to_string(static_cast<int>(err)));
 
   // The gradients in float64 from the same lse and delta: P = exp(s − lse), dS = P (dout·v − delta).
@@ -218,9 +220,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const double rel_dq = err_dq / std::max(max_dq, 1e-3), rel_dk = err_dk / std::max(max_dk, 1e-3),
                rel_dv = err_dv / std::max(max_dv, 1e-3);
   const bool ok = rel_dq <= tol && rel_dk <= tol && rel_dv <= tol;
-  std::printf("%s D=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
+  std::printf("%s D=%3d bm=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
               "max|err|/max|ref|: dq=%.2e dk=%.2e dv=%.2e  (max|ref| dq=%.2e dk=%.2e dv=%.2e)\n",
-              ok ? "ok  " : "FAIL", c.d, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
+              ok ? "ok  " : "FAIL", c.d, g_block_m, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
               static_cast<long long>(c.offset), scale, extra.c_str(), rel_dq, rel_dk, rel_dv, max_dq, max_dk, max_dv);
   std::fflush(stdout);
   return ok;
@@ -252,6 +254,9 @@ int main(int argc, char** argv) {
   }
   int failed = 0, ran = 0;
   for (const Case& c : cases) {
+   for (int block_m : {64, 128}) {  // D = 64 has both tiles
+    if (block_m == 128 && c.d != 64) continue;
+    g_block_m = block_m;
     ++ran;
     try {
       const bool ok = c.bf16 ? run_case<__nv_bfloat16>(c, rng) : run_case<__half>(c, rng);
@@ -268,6 +273,7 @@ int main(int argc, char** argv) {
                   static_cast<long long>(c.offset), e.what(), at.c_str());
       std::fflush(stdout);
     }
+   }
   }
   std::printf("%d of %d cases failed\n", failed, ran);
   return failed ? 1 : 0;

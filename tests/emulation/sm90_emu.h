@@ -554,16 +554,17 @@ void named_barrier_sync(int id, int threads) {
 }
 
 std::vector<Buffer> g_red_buffers;  // where red.global may add (the backward's dq_accum)
-// red.global.add.v2.f32 [addr], {a, b}: addr[0] += a, addr[1] += b (each an f32 add, round to nearest).
-void red_add_f32x2(float* addr, float a, float b) {
-  if (reinterpret_cast<uintptr_t>(addr) % 8) fail("red.global.add.v2.f32: address not 8-byte aligned");
+// red.global.add.v<n>.f32 [addr], {v...}: addr[i] += v[i] (each an f32 add, round to nearest), addr
+// aligned to the vector (4·n bytes) and inside a registered accumulator.
+void red_add_f32(float* addr, const float* v, int n) {
+  const std::string what = "red.global.add.v" + std::to_string(n) + ".f32";
+  if (reinterpret_cast<uintptr_t>(addr) % (4 * n)) fail(what + ": address not " + std::to_string(4 * n) + "-byte aligned");
   const char* p = reinterpret_cast<const char*>(addr);
   bool in_bounds = false;
   for (const Buffer& r : g_red_buffers)
-    if (p >= r.begin && p + 8 <= r.begin + r.bytes) in_bounds = true;
-  if (!in_bounds) fail("red.global.add.v2.f32: address outside the registered accumulator (dq_accum)");
-  addr[0] += a;
-  addr[1] += b;
+    if (p >= r.begin && p + 4 * n <= r.begin + r.bytes) in_bounds = true;
+  if (!in_bounds) fail(what + ": address outside the registered accumulator (dq_accum)");
+  for (int i = 0; i < n; ++i) addr[i] += v[i];
 }
 }  // namespace emu
 
@@ -610,7 +611,14 @@ inline void fence_operands(float (&)[N]) {}
 template <int N>
 inline void fence_operands(uint32_t (&)[N][4]) {}
 inline void named_barrier_sync(int id, int threads) { emu::named_barrier_sync(id, threads); }
-inline void red_add_f32x2(float* addr, float a, float b) { emu::red_add_f32x2(addr, a, b); }
+inline void red_add_f32x2(float* addr, float a, float b) {
+  const float v[2] = {a, b};
+  emu::red_add_f32(addr, v, 2);
+}
+inline void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+  const float v[4] = {a, b, c, d};
+  emu::red_add_f32(addr, v, 4);
+}
 // Any N (the emulation is generic in it); kTnspA: A (from desc_a) MN-major.
 template <int N, typename T>
 struct Wgmma {

@@ -5,7 +5,8 @@ the launches for a signature the kernel covers, or None, and the Triton backward
 compute capability 9.0 with the extension's sm90 kernels built, head dims BWD_HEAD_DIMS in fp16/bf16,
 Nq and Nk >= 1, no window / softcap / ALiBi / key mask / varlen, deterministic=False (dQ is added
 with float32 atomics, whose order varies between runs), every operand's base and strides on TMA's
-16-byte rule, and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim.
+16-byte rule, and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its
+"block_m": the kernel's query rows per step).
 
 One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient), a
 zeroed float32 (B·Hq, Nq, D) dQ accumulator, the wgmma kernel (dK and dV written, dQ accumulated),
@@ -34,6 +35,12 @@ def _aligned(t: torch.Tensor) -> bool:
     return all(n <= 1 or s % 8 == 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
 
 
+def _row(q: torch.Tensor) -> dict | None:
+    """The configs.CUDA_ATTENTION_BACKWARD row of q's device and head dim if it names the wgmma kernel."""
+    row = configs.CUDA_ATTENTION_BACKWARD.get((configs.arch(q.device), q.shape[-1]))
+    return row if row is not None and row.get("kernel") == "wgmma" else None
+
+
 def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> bool:
     """Whether the wgmma backward runs this signature (see the module doc); no device work."""
     if deterministic or mods is not None or q.device.type != "cuda":
@@ -42,8 +49,7 @@ def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> boo
         return False
     if q.shape[2] == 0 or k.shape[2] == 0:
         return False
-    arch = configs.arch(q.device)
-    if configs.CUDA_ATTENTION_BACKWARD.get((arch, q.shape[-1])) != "wgmma":
+    if _row(q) is None:
         return False
     if not all(_aligned(t) for t in (q, k, v, grad_out, dk, dv)):
         return False
@@ -67,6 +73,7 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     store = plan_dq_store(dq, scale, wide)
     ext = _build.load(device)
     kernel = ext.attention_bwd_sm90
+    block_m = int(_row(q).get("block_m", 64))
     # Beyond the keys every row sees them all (or none): the mask is off, as the forward plans it.
     causal = causal and causal_offset < n_k - 1
     rows = b * hq * n_q
@@ -76,7 +83,7 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
         ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)
         acc = torch.zeros(rows * d, dtype=torch.float32, device=device)
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
-        _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset,
+        _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
                     _stream(index))
         store(acc, dq)
     return run

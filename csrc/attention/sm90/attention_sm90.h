@@ -36,14 +36,15 @@ bool attention_sm90_head_dim_supported(int64_t head_dim);
 // lse's gradient), both (B, Hq, Nq) float32 contiguous. Adds Σ_j dS_ij k_j (without the softmax scale) to
 // dq_accum, a zeroed (B·Hq, Nq, D) float32 contiguous buffer, with float32 atomics (run-to-run order
 // varies); overwrites dk (scaled) and dv, summed over each GQA group. cudaErrorInvalidValue for an
-// empty sequence, another head dim or dtype; cudaErrorMisalignedAddress where a base or stride breaks
-// TMA's 16-byte rule.
+// empty sequence, another head dim or dtype, or a block_m the head dim has no tile for;
+// cudaErrorMisalignedAddress where a base or stride breaks TMA's 16-byte rule. block_m: query rows per
+// step, 64 (0: the default) or 128 (D = 64 only).
 cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, const void* v, const void* dout,
                                const float* lse, const float* delta, float* dq_accum, void* dk, void* dv,
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
-                               bool causal, int64_t causal_offset, cudaStream_t stream);
+                               bool causal, int64_t causal_offset, int64_t block_m, cudaStream_t stream);
 
 bool attention_bwd_sm90_head_dim_supported(int64_t head_dim);
 

@@ -9,7 +9,7 @@
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
 template <int kHeadDim, typename T>
-cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, cudaStream_t stream);
+cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, int block_m, cudaStream_t stream);
 }  // namespace flash_fwd_sm90
 
 // What flash_bwd_sm90_hdim<D>.cu instantiate (tiled_attn/cuda/attention_backward.py mirrors it).
@@ -22,10 +22,12 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
-                               bool causal, int64_t causal_offset, cudaStream_t stream) {
+                               bool causal, int64_t causal_offset, int64_t block_m, cudaStream_t stream) {
   using flash_fwd::aligned16;
   using flash_fwd::strides_ok;
   if (!BwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
+  if (block_m == 0) block_m = 64;
+  if (block_m != 64 && !(block_m == 128 && head_dim == 64)) return cudaErrorInvalidValue;
   // Empty sequences have no tensor map (every dimension must be >= 1): the caller handles them.
   if (batch <= 0 || heads_q <= 0 || heads_kv <= 0 || heads_q % heads_kv != 0 || seqlen_q <= 0 || seqlen_k <= 0 ||
       seqlen_q > INT_MAX - 256 || seqlen_k > INT_MAX - 256 || batch > INT_MAX / heads_q) {
@@ -60,7 +62,7 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
   const flash_fwd_sm90::BwdOperands a{q, k, v, dout, batch, q_stride, k_stride, v_stride, do_stride};
   return BwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
     using T = typename decltype(elem)::type;
-    return flash_fwd_sm90::run_flash_bwd_sm90<decltype(dim)::value, T>(p, a, stream);
+    return flash_fwd_sm90::run_flash_bwd_sm90<decltype(dim)::value, T>(p, a, static_cast<int>(block_m), stream);
   });
 }
 

@@ -4,7 +4,7 @@
 
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
-template cudaError_t run_flash_bwd_sm90<64, __half>(const BwdParams&, const BwdOperands&, cudaStream_t);
-template cudaError_t run_flash_bwd_sm90<64, __nv_bfloat16>(const BwdParams&, const BwdOperands&, cudaStream_t);
+template cudaError_t run_flash_bwd_sm90<64, __half>(const BwdParams&, const BwdOperands&, int, cudaStream_t);
+template cudaError_t run_flash_bwd_sm90<64, __nv_bfloat16>(const BwdParams&, const BwdOperands&, int, cudaStream_t);
 }  // namespace flash_fwd_sm90
 }  // namespace tiled_attn

@@ -1,25 +1,29 @@
 // flash_bwd_sm90_kernel.cuh: the attention backward on Hopper's warpgroup MMA (wgmma, sm_90a), with the
 // warp-specialized forward's producer (flash_fwd_sm90_ws_kernel.cuh) and FlashAttention-2's loop order:
 // a CTA owns kBlockN = 128 keys of one (batch, kv head), keeps K and V resident, and walks the query
-// tiles (kBlockM = 64 rows) of every query head of its GQA group, so dK and dV are summed over the
-// group in registers and written once. dQ is added to a float32 accumulator with red.global.add
-// (atomics: the default backward's dQ; deterministic=True keeps the Triton pass).
+// tiles (kBlockM = 64 rows, or 128 at D = 64: BwdTraits) of every query head of its GQA group, so dK
+// and dV are summed over the group in registers and written once. dQ is added to a float32
+// accumulator with red.global.add (atomics: the default backward's dQ; deterministic=True keeps the
+// Triton pass).
 //   warpgroup 0, the producer: one thread loads K and V once (TMA, one mbarrier), then Q and dO of
 //     each query tile into a kStages ring ("full" / "empty" mbarriers per slot, as in the forward).
 //   warpgroups 1 and 2, the consumers: 64 keys each (rows 64cw.. of the K / V tile). Per query tile:
-//     Sᵀ  = K Qᵀ      wgmma SS (A = K, B = Q: both K-major)                 64 keys x 64 queries
+//     Sᵀ  = K Qᵀ      wgmma SS (A = K, B = Q: both K-major)                 64 keys x kBlockM queries
 //     dPᵀ = V dOᵀ     wgmma SS (A = V, B = dO)
 //     Pᵀ  = exp2(Sᵀ·scale·log2 e − lse·log2 e), masked to 0 where a key is not visible
 //     dSᵀ = Pᵀ ∘ (dPᵀ − delta)
 //     dV += Pᵀ dO     wgmma RS (A = Pᵀ from registers, B = dO MN-major)     64 keys x D
 //     dK += dSᵀ Q     wgmma RS (A = dSᵀ, B = Q MN-major)
-//     dQ  = dS K      wgmma SS (A = dS from shared memory, MN-major; B = K MN-major): the tile's 64
-//                     rows x this consumer's D / 2 columns, over all 128 keys of the CTA
-//   then red.global.add.v2.f32 of dQ into the accumulator. Computing Sᵀ and dPᵀ (keys as the wgmma's
+//     dQ  = dS K      wgmma SS (A = dS from shared memory, MN-major; B = K MN-major) over all 128 keys
+//                     of the CTA: 64 query rows x D / 2 columns per consumer (kBlockM = 64), or its
+//                     64 rows x D (kBlockM = 128)
+//   then red.global.add.v4.f32 of dQ into the accumulator. Computing Sᵀ and dPᵀ (keys as the wgmma's
 //   M) puts Pᵀ and dSᵀ in the accumulator layout that is exactly the register A fragment of the dV
 //   and dK products (flash_fwd_sm90_kernel.cuh pack_p), so neither goes through shared memory; only
 //   dS does, for dQ, which needs all 128 keys: both consumers store their dSᵀ rows (64 keys each) into
 //   one of two dS buffers and meet at a named barrier (the producer warp is not in it).
+// Overlap: dPᵀ runs while Pᵀ's exponentials do; at D = 64 (kEarly) the next tile's Sᵀ and dPᵀ are
+// issued before this tile's dQ reductions. The two consumers stay in step (the named barrier).
 // Why the two dS buffers suffice: a consumer writes buffer it % 2 after it waited for its own dQ
 // product of tile it − 2, and the barrier of tile it − 1 (which both passed) came after the other
 // consumer's wait for that product.
@@ -28,8 +32,8 @@
 // diagonal (bottom-right: key j visible from query i iff j <= i + causal_offset); a row with no visible
 // key (lse −inf) is all masked. Tiles the causal mask cannot reach are not masked at all.
 // Every tile in shared memory is 1024-byte aligned and laid out as in the forward (128-byte swizzle,
-// 64-column blocks: flash_fwd_sm90_kernel.cuh); the dS buffer is dSᵀ row-major (128 keys x 64 queries,
-// one column block), which is dS MN-major for the dQ product.
+// 64-column blocks: flash_fwd_sm90_kernel.cuh); the dS buffer is dSᵀ row-major (128 keys x kBlockM
+// queries, one column block per 64 queries), which is dS MN-major for the dQ product.
 // tests/emulation/flash_bwd_sm90_emulator.cpp runs this kernel on the CPU against a float64 reference.
 #pragma once
 
@@ -40,19 +44,22 @@
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
 
-template <int kHeadDim_>
+// kBlockM: query rows per step, 64, or 128 (D = 64 only: Sᵀ and dPᵀ take 64 registers each). With 64
+// rows the two consumers split dQ by columns (D / 2 each), with 128 by rows (64 each, all D columns).
+template <int kHeadDim_, int kBlockM_ = 64>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = 128;  // keys per CTA: two consumers of 64 (wgmma's M)
-  static constexpr int kBlockM = 64;   // query rows per step
+  static constexpr int kBlockM = kBlockM_;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kSRegs = kBlockM / 2;      // Sᵀ and dPᵀ accumulators (64 keys x kBlockM)
   static constexpr int kPVSteps = kBlockM / 16;   // k steps (queries) of the dV and dK products
   static constexpr int kAccRegs = kHeadDim / 2;   // dV and dK accumulators (64 keys x D)
-  static constexpr int kDqCols = kHeadDim / 2;    // each consumer's dQ columns
-  static constexpr int kDqRegs = kDqCols / 2;
+  static constexpr bool kDqByRows = kBlockM == 128;
+  static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;  // each consumer's dQ columns
+  static constexpr int kDqRegs = kDqCols / 2;                          // (of 64 rows)
   static constexpr int kQKSteps = kHeadDim / 16;  // k steps (head dim) of Sᵀ and dPᵀ
   static constexpr int kDqSteps = kBlockN / 16;   // k steps (keys) of dQ
   static constexpr int kColBlocks = kHeadDim / 64;
@@ -72,13 +79,13 @@ struct BwdTraits {
   // The next tile's Sᵀ and dPᵀ issued before this tile's dQ reductions (which they then overlap), or
   // at the top of the next iteration. At D = 128 the accumulators in flight there spill (ptxas, nvcc
   // 13.0: 384 bytes with both, 256 with Sᵀ alone), so D = 128 issues them late.
-  static constexpr bool kEarly = kHeadDim <= 64;
+  static constexpr bool kEarly = kHeadDim <= 64 && kBlockM == 64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
-  static_assert(kBlockM == 64, "one 128-byte dS row per key (the dS buffer is one column block); the lse / delta "
-                "staging's 512-byte buffers");
+  static_assert(kBlockM == 64 || kBlockM == 128, "one or two 64-query column blocks of dS, one per consumer");
+  static_assert(kDqCols % 16 == 0, "whole column groups of four for the 16-byte reductions");
   static_assert(kStages >= 2, "one slot loading while one is computed");
   static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
@@ -191,16 +198,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint64_t desc_do = make_desc_sw128(sDO, 16, 1024);
   const uint64_t desc_q_mn = make_desc_sw128(sQ, Tr::kBlockM * 128, 1024);
   const uint64_t desc_do_mn = make_desc_sw128(sDO, Tr::kBlockM * 128, 1024);
-  const int dq_col0 = cw * Tr::kDqCols;
+  // This consumer's share of dQ: rows dq_row0.. (64 of them) and columns dq_col0.. (kDqCols).
+  const int dq_col0 = Tr::kDqByRows ? 0 : cw * Tr::kDqCols;
+  const int dq_row0 = Tr::kDqByRows ? cw * 64 : 0;
   // Column dq_col0 of K: its column block, then (D = 64: 32 columns) 64 bytes into the 128-byte rows;
-  // the swizzle applies to the address as a whole, as for the K-major k steps.
+  // the swizzle applies to the address as a whole, as for the K-major k steps. dS rows dq_row0..: the
+  // dS buffer's column block dq_row0 / 64.
   const uint64_t desc_k_mn =
       make_desc_sw128(sK + (dq_col0 / 64) * Tr::kBlockN * 128 + (dq_col0 % 64) * 2, Tr::kBlockN * 128, 1024);
-  const uint64_t desc_ds = make_desc_sw128(sDS, Tr::kBlockN * 128, 1024);
+  const uint64_t desc_ds = make_desc_sw128(sDS + (dq_row0 / 64) * Tr::kBlockN * 128, Tr::kBlockN * 128, 1024);
 
   // lse (log2 units; +inf where P must be 0: past Nq, or a row with no visible key) and delta of a
-  // query tile, staged in shared memory one tile ahead (buffer it % 2: lse at 0, delta at 256 bytes):
-  // consumer thread ct < 64 loads lse of row ct, 64 <= ct < 128 delta of row ct − 64, and stores it
+  // query tile, staged in shared memory one tile ahead (buffer it % 2: lse at 0, delta kBlockM floats
+  // on): consumer thread ct < kBlockM loads lse of row ct, the next kBlockM delta, and stores it
   // before the named barrier of the tile before. Held in registers instead, the 2·kBlockM / 4 values
   // each thread needs pushed the D = 128 consumers past their 240 registers.
   const int ct = tid - 128;
@@ -212,7 +222,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const float l = p.lse[row + col];
     return l == -CUDART_INF_F ? CUDART_INF_F : l * kLog2e;
   };
-  auto stage = [&](int it, float v) { st_shared_b32(sLD + (it % 2) * 512 + ct * 4, __float_as_uint(v)); };
+  auto stage = [&](int it, float v) { st_shared_b32(sLD + (it % 2) * Tr::kLdBytes + ct * 4, __float_as_uint(v)); };
   if (ct < 2 * Tr::kBlockM && cta.n_iters > 0) stage(0, fetch(0));
   named_barrier_sync(1, Tr::kConsumerThreads);
 
@@ -256,7 +266,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int64_t row_base = (int64_t{cta.batch} * p.heads_q + head) * p.seqlen_q;  // dQ rows
     const bool prefetch = ct < 2 * Tr::kBlockM && it + 1 < cta.n_iters;
     const float next = prefetch ? fetch(it + 1) : 0.f;
-    const uint32_t ld = sLD + (it % 2) * 512 + 8 * t;  // this thread's columns 8j + 2t, + 1: 32j bytes on
+    const uint32_t ld = sLD + (it % 2) * Tr::kLdBytes + 8 * t;  // columns 8j + 2t, + 1: 32j bytes on
     if constexpr (!Tr::kEarly) {
       issue_s(it);
       issue_dp(it);
@@ -270,7 +280,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       return i % 2 ? v.y : v.x;
     };
     auto dl = [&](int i) {
-      const float2 v = ld_shared_f32x2(ld + 256 + 32 * (i / 4));
+      const float2 v = ld_shared_f32x2(ld + Tr::kBlockM * 4 + 32 * (i / 4));
       return i % 2 ? v.y : v.x;
     };
 
@@ -289,12 +299,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     wgmma_wait<0>();
     fence_operands(dpt);
-#pragma unroll
-    for (int i = 0; i < Tr::kSRegs; ++i) dpt[i] = st[i] * (dpt[i] - dl(i));
-
+    // dSᵀ in place of Pᵀ once Pᵀ is packed (fewer registers live at once: Bm = 128 spilled otherwise).
     uint32_t pa[Tr::kPVSteps][4], da[Tr::kPVSteps][4];
     pack_p<Tr, T>(st, pa);
-    pack_p<Tr, T>(dpt, da);
+#pragma unroll
+    for (int i = 0; i < Tr::kSRegs; ++i) st[i] *= dpt[i] - dl(i);
+    pack_p<Tr, T>(st, da);
     fence_operands(dv);
     fence_operands(dk);
     fence_operands(pa);
@@ -338,12 +348,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       issue_dp(it + 1);
     }
 
-    // dQ: register i is query m0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4) + 2t (+1).
-    float* const dq_rows = p.dq_accum + (row_base + m0) * Tr::kHeadDim + dq_col0 + 2 * t;
+    // dQ: register i is query m0 + dq_row0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4)
+    // + 2t (+1).
+    // Lanes t and t ^ 1 swap a pair so that each holds four adjacent columns of one row (even t: row
+    // g, columns 8j + 2t..+3; odd t: row g + 8, columns 8j + 2t − 2..+1): one 16-byte reduction
+    // instead of two 8-byte ones (half the requests to L2, where ncu showed the kernel busiest).
+    const bool odd = t & 1;
+    const int r = dq_row0 + warp * 16 + g + (odd ? 8 : 0);
+    float* const dq_row = p.dq_accum + (row_base + m0 + r) * Tr::kHeadDim + dq_col0 + 2 * (t & ~1);
 #pragma unroll
-    for (int i = 0; i < Tr::kDqRegs; i += 2) {
-      const int r = warp * 16 + g + 8 * ((i / 2) % 2);
-      if (m0 + r < p.seqlen_q) red_add_f32x2(dq_rows + int64_t{r} * Tr::kHeadDim + 8 * (i / 4), dq[i], dq[i + 1]);
+    for (int j = 0; j < Tr::kDqRegs / 4; ++j) {
+      const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+      const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
+      if (m0 + r < p.seqlen_q) {
+        if (odd) red_add_f32x4(dq_row + 8 * j, x, y, dq[4 * j + 2], dq[4 * j + 3]);
+        else red_add_f32x4(dq_row + 8 * j, dq[4 * j], dq[4 * j + 1], x, y);
+      }
     }
   }
 

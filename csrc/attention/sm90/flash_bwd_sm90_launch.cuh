@@ -31,11 +31,11 @@ cudaError_t launch_bwd_kernel(BwdParams params, const BwdMaps& maps, int64_t slo
 }
 #endif
 
-// Head dim D, element type T: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN), then
-// the launch over B·Hkv slots. Instantiated in flash_bwd_sm90_hdim<D>.cu.
-template <int kHeadDim, typename T>
-cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, cudaStream_t stream) {
-  using Tr = BwdTraits<kHeadDim>;
+// One tile: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN), then the launch over
+// B·Hkv slots.
+template <class Tr, typename T>
+cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStream_t stream) {
+  constexpr int kHeadDim = Tr::kHeadDim;
   BwdMaps maps;
   if (!encode_operand(&maps.q, a.q, a.batch, params.heads_q, params.seqlen_q, kHeadDim, a.q_stride.batch,
                       a.q_stride.head, a.q_stride.seq, Tr::kBlockM) ||
@@ -48,6 +48,16 @@ cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, cu
     return cudaErrorInvalidValue;
   }
   return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);
+}
+
+// Head dim D, element type T, block_m query rows per step (64, or 128 at D = 64; the entry checked it).
+// Instantiated in flash_bwd_sm90_hdim<D>.cu.
+template <int kHeadDim, typename T>
+cudaError_t run_flash_bwd_sm90(const BwdParams& params, const BwdOperands& a, int block_m, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64) {
+    if (block_m == 128) return run_bwd_tile<BwdTraits<64, 128>, T>(params, a, stream);
+  }
+  return run_bwd_tile<BwdTraits<kHeadDim, 64>, T>(params, a, stream);
 }
 
 }  // namespace flash_fwd_sm90

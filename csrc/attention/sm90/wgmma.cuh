@@ -71,10 +71,14 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr) {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Two adjacent floats added to global memory in one reduction (red.global.add.v2.f32, sm_90; `addr`
-// 8-byte aligned): the backward's dQ partials.
+// Two or four adjacent floats added to global memory in one reduction (red.global.add.v2/.v4.f32,
+// sm_90; `addr` aligned to the vector): the backward's dQ partials.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
 }
 
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
