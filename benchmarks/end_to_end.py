@@ -25,6 +25,7 @@ kernels both ran in the "tiled_attn" step, `falls_back` that torch's SDPA kernel
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,7 @@ OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_me
 # A training step ran our backward: the Triton pair, or the wgmma kernel (backend "cuda" on an H100).
 BACKWARD_KERNELS = (("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"), ("flash_bwd_sm90_kernel",))
 FORWARD_KERNELS = ("attention_fwd_kernel", "attention_fwd_d2_kernel", "flash_fwd_sm90")
+PARTS = ("prefill", "padded", "decode", "train", "gpt")  # what a run measures (TILED_ATTN_E2E_PARTS)
 TORCH_SDPA_KERNELS = ("pytorch_flash", "cudnn", "fmha", "efficient_attention", "sdpa")
 
 def _models(cfg_kw: dict, device, dtype):
@@ -132,6 +134,9 @@ class E2ESuite:
         device = cfg.device
         repeats = repeats or (3 if cfg.quick else 5)
         padded = self.padded if padded is None else tuple(padded)
+        # A partial run within a device budget: TILED_ATTN_E2E_PARTS (a comma list of prefill, padded,
+        # decode, train, gpt; default all) keeps those parts; the results' notes name it.
+        parts = set(os.environ.get("TILED_ATTN_E2E_PARTS", ",".join(PARTS)).split(","))
         records = []
         for cname, kw in (configs or self.configs).items():
             if cfg.quick and cname != "small" and configs is None:
@@ -159,7 +164,7 @@ class E2ESuite:
             if not ran or theirs_ours:
                 records.append(dict(suite=self.name, label=f"{cname} proof", provider="tiled_attn",
                                     role="ours", status=h.FAILED, error=f"kernels: {proof}"))
-            for n in prefill_ns:
+            for n in prefill_ns if "prefill" in parts else ():
                 x = ids[:, :n]
 
                 def fwd(m, x=x):
@@ -177,9 +182,9 @@ class E2ESuite:
                 records.append(_record(label, "tiled_attn", "ours", t["tiled_attn"] * 1e3, False,
                                        t["sdpa"] / t["tiled_attn"], ours_ran=ran, passes=each["tiled_attn"],
                                        **proof))
-            if padded:
+            if padded and "padded" in parts:
                 records += self._padded_prefill(cname, ours, theirs, vocab, padded, gen, repeats, device)
-            for b in batches:
+            for b in batches if "decode" in parts else ():
                 p = torch.randint(0, vocab, (b, prompt), generator=gen).to(device)
 
                 def generate(m, p=p):
@@ -209,7 +214,10 @@ class E2ESuite:
                 m.zero_grad(set_to_none=True)
                 m(input_ids=x, labels=x).loss.backward()
                 m.eval()
-            k_train = _kernels(lambda: step(ours), device)
+            k_train = _kernels(lambda: step(ours), device) if "train" in parts else None
+            if k_train is None:
+                del ours, theirs
+                continue
             train_ours, train_theirs = _which(k_train)
             train_ran = (any(f in n for f in FORWARD_KERNELS for n in train_ours)
                          and any(all(any(b in n for n in train_ours) for b in pair) for pair in BACKWARD_KERNELS))
@@ -226,9 +234,13 @@ class E2ESuite:
             del ours, theirs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        records += self._gpt(cfg, device, dtype, repeats)
+        if "gpt" in parts:
+            records += self._gpt(cfg, device, dtype, repeats)
+        notes = __doc__.split("\n\n")[1].replace("\n", " ")
+        if parts != set(PARTS):
+            notes += f" A partial run: TILED_ATTN_E2E_PARTS={','.join(p for p in PARTS if p in parts)}."
         return {"name": self.name, "title": self.title, "device": self.device, "unit": "ms or tokens/s",
-                "ceiling": None, "convention": "see the suite notes", "notes": __doc__.split("\n\n")[1].replace("\n", " "),
+                "ceiling": None, "convention": "see the suite notes", "notes": notes,
                 "baselines": [], "plot": {}, "elapsed_s": time.perf_counter() - t0, "capped": False,
                 "device_lost": "", "records": records, "markdown": _markdown(records)}
 

@@ -950,6 +950,30 @@ def test_wgmma_backward(shape, causal, heads, dtype, d, block_m, monkeypatch, se
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="backend=None's backward on an H100")
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_backward_is_wgmma(d, seed):
+    """backend=None trains with the wgmma backward where it covers the call, whichever forward
+    configs.ATTENTION_SELECT picked (here the Triton one: causal, N = 300), and not with
+    deterministic=True (the Triton kernels, bitwise-repeatable)."""
+    from torch.profiler import ProfilerActivity, profile
+    device = _require("cuda", torch.bfloat16, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, 4, 2, 300, 300, d, torch.bfloat16, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    go = randn(q.shape, torch.bfloat16, device, gen)
+    for deterministic in (False, True):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            grads = _ours(q, k, v, go, causal=True, deterministic=deterministic)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        wgmma = any("flash_bwd_sm90_kernel" in n for n in names)
+        assert wgmma != deterministic, f"deterministic={deterministic}: kernels {sorted(set(names))}"
+        _check(grads, q, k, v, go, None, True, None, 0, seed, f"default D={d} deterministic={deterministic}")
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="determinism at this size runs on a CUDA device")
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("rows", ["shipped", "atomic"])

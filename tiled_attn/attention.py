@@ -86,11 +86,13 @@ class AttentionPlan:
     """A validated signature's forward: the backend, the outputs' layout and the launches."""
 
     __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
-                 "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods", "store_lse")
+                 "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods", "store_lse",
+                 "backends")
 
     def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str,
                  mods: Mods | None = None, store_lse: bool = True):
         self.backend, self.scale = backend, scale
+        self.backends = backend  # (forward, backward) where they differ: _plan_for sets it
         self.causal, self.offset, self.mods = causal, causal_offset, mods
         # store_lse=False (a plan with mods on the Triton backend, for a caller that never wants
         # lse: the KV-cache API without return_lse): forward allocates and writes out alone.
@@ -232,9 +234,24 @@ def _plan_for(q, k, v, scale, causal: bool, causal_offset: int, need_lse: bool, 
     except TypeError:  # an unhashable argument: validation names it
         key = plan = None
     if plan is None:
+        asked = backend
         scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend, mods)
         plan = _PLANS.put(key, AttentionPlan(q, k, v, scale, causal, causal_offset, backend, mods))
+        if mods is None:
+            plan.backends = _with_backward(q, asked, backend)
     return plan
+
+
+def _with_backward(q, asked, backend):
+    """What _Attention runs: the forward's backend, or (forward, backward) where backend=None's
+    backward is another: "cuda"'s wgmma backward wherever it covers the call on this device
+    (tiled_attn/cuda/attention_backward.py `selected`; measured faster than the Triton backward
+    at every point of benchmarks/tune_cuda_attention_backward.py, H100, 2026-11-28), whichever
+    forward configs.ATTENTION_SELECT picked. An explicit backend runs its own backward."""
+    if asked is not None or backend != "triton" or q.device.type != "cuda":
+        return backend
+    from .cuda import attention_backward as cuda_backward
+    return (backend, "cuda") if cuda_backward.selected(q) else backend
 
 
 def _resolve(q, k, v, scale, causal, causal_offset: int, need_lse: bool, backend, mods=None) -> tuple[float, str]:
@@ -422,9 +439,11 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic, mods=None,
                 *extras):
+        # backend: one name, or (forward's, backward's) from a plan's `backends` (backend=None).
+        backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
         out, lse = _forward(q, k, v, scale, causal, causal_offset, backend, mods, extras)
         ctx.save_for_backward(q, k, v, out, lse, *extras)
-        ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, backend
+        ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, bwd_backend
         ctx.lse_grad, ctx.deterministic, ctx.mods, ctx.n_extras = lse_grad, deterministic, mods, len(extras)
         if not lse_grad:
             ctx.mark_non_differentiable(lse)
@@ -461,13 +480,15 @@ def _traced(q, k, v, scale, causal, causal_offset, need_lse, backend, determinis
     """Any call that is not eager on plain tensors: validate, then the op (Dynamo keeps it as one
     node; its fake implementation gives shapes), or torch's SDPA where that is backend=None's
     choice (the CPU)."""
+    asked = backend
     scale, backend = _resolve(q, k, v, scale, causal, causal_offset, need_lse, backend)
     if backend == NATIVE:
         if k.shape[2] == 0:  # every row empty: output 0 (torch's SDPA is undefined there)
             return q.new_zeros(q.shape[:3] + v.shape[3:]), None
         return F.scaled_dot_product_attention(q, k, v, **_native_kwargs(q, k, scale, causal, causal_offset)), None
     if _grad_needed(q, k, v):
-        return _Attention.apply(q, k, v, scale, causal, causal_offset, backend, need_lse, deterministic)
+        return _Attention.apply(q, k, v, scale, causal, causal_offset, _with_backward(q, asked, backend), need_lse,
+                                deterministic)
     return _attention_op(q, k, v, scale, causal, causal_offset, backend)
 
 
@@ -527,7 +548,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                 return plan.infer(q, k, v)
             out, lse = plan.forward(q, k, v)
         else:
-            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend, return_lse,
+            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backends, return_lse,
                                         deterministic)
     else:
         out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend, deterministic)
@@ -670,7 +691,7 @@ class _SdpaPlan:
             query, key, value = (t.reshape(s) for t, s in zip((query, key, value), self.shape4))
         plan = self.attention
         if self.grad and plan.native_kw is None:
-            out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan.backend, False, False)[0]
+            out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan.backends, False, False)[0]
         else:
             out = plan.infer(query, key, value)
         return out if self.shape4 is None else out.reshape(self.out_shape)

@@ -916,13 +916,17 @@ TRITON_ATTENTION_BACKWARD_DEFAULTS = {"dq": "pass", "band": True}
 # (memory-bound passes).
 TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}
 
-# backend="cuda"'s backward (tiled_attn/cuda/attention_backward.py): (arch, head dim) -> a row whose
-# "kernel" "wgmma" runs the sm_90a wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh) where
-# it covers the call, with "block_m" query rows per step (64; 128 at D = 64 only); no row: the Triton
-# backward. benchmarks/tune_cuda_attention_backward.py times the tiles. NOT YET MEASURED at block_m
-# 128; 64 was measured on the H100 2026-11-28 (benchmarks/results/README.md).
+# The wgmma backward (tiled_attn/cuda/attention_backward.py): backend "cuda"'s, and backend=None's
+# wherever it covers the call. (arch, head dim) -> a row whose "kernel" "wgmma" runs
+# csrc/attention/sm90/flash_bwd_sm90_kernel.cuh with "block_m" query rows per step (64; 128 at D = 64
+# only); no row: the Triton backward. benchmarks/tune_cuda_attention_backward.py, H100, 2026-11-28
+# (bf16, B·N = 16k tokens, H·D = 2048, N 1k / 4k / 16k, the backward alone, TFLOP/s):
+#   D = 64:  block_m 128 291 / 356 / 362, causal 208 / 320 / 376; block_m 64 220 / 260 / 274, causal
+#            163 / 234 / 270; the Triton backward 249 / 265 / 275, causal 203 / 270 / 286.
+#   D = 128: block_m 64 308 / 390 / 412, causal 221 / 337 / 404; Triton 224 / 265 / 263, causal
+#            203 / 281 / 314.
 CUDA_ATTENTION_BACKWARD: dict = {
-    ("sm90", 64): {"kernel": "wgmma", "block_m": 64},
+    ("sm90", 64): {"kernel": "wgmma", "block_m": 128},
     ("sm90", 128): {"kernel": "wgmma", "block_m": 64},
 }
 

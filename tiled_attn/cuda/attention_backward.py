@@ -1,7 +1,8 @@
 """The CUDA attention backward: csrc/attention/sm90/flash_bwd_sm90_kernel.cuh (wgmma, sm_90a).
 
-Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "cuda": `plan_backward` returns
-the launches for a signature the kernel covers, or None, and the Triton backward runs instead. Covered:
+Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "cuda", which is also backend=None's
+backward wherever `selected` says so: `plan_backward` returns the launches for a signature the kernel
+covers, or None, and the Triton backward runs instead. Covered:
 compute capability 9.0 with the extension's sm90 kernels built, head dims BWD_HEAD_DIMS in fp16/bf16,
 Nq and Nk >= 1, no window / softcap / ALiBi / key mask / varlen, deterministic=False (dQ is added
 with float32 atomics, whose order varies between runs), every operand's base and strides on TMA's
@@ -21,7 +22,7 @@ from .. import configs
 from .._plan import current_stream as _stream
 from . import _build
 
-__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers"]
+__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected"]
 
 # What csrc/attention/sm90/flash_bwd_sm90_hdim*.cu instantiate (BwdHeadDims in flash_bwd_sm90.cu).
 BWD_HEAD_DIMS = (64, 128)
@@ -39,6 +40,25 @@ def _row(q: torch.Tensor) -> dict | None:
     """The configs.CUDA_ATTENTION_BACKWARD row of q's device and head dim if it names the wgmma kernel."""
     row = configs.CUDA_ATTENTION_BACKWARD.get((configs.arch(q.device), q.shape[-1]))
     return row if row is not None and row.get("kernel") == "wgmma" else None
+
+
+def selected(q) -> bool:
+    """Whether backend=None's backward is this one for q's signature (tiled_attn/attention.py
+    _with_backward): q's device, dtype and head dim have a row here and the extension can be
+    built. No build, no device work; the plan still checks the rest (`covers`) and falls back."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if q.shape[-1] not in BWD_HEAD_DIMS or _row(q) is None:
+        return False
+    return _buildable()
+
+
+@torch.compiler.assume_constant_result
+def _buildable() -> bool:
+    """cuda.is_available(), a property of the install: a constant to torch.compile (which would
+    otherwise trace its file-system checks) when backend=None's backward is chosen in a traced call."""
+    from . import is_available
+    return is_available()
 
 
 def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> bool:
