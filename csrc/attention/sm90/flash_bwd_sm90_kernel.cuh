@@ -229,31 +229,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Sᵀ and dPᵀ of query tile it, one commit group each (dPᵀ still runs while Pᵀ's exponentials do).
   // With kEarly tile it + 1's are issued before tile it's dQ reductions, which then overlap them.
   float st[Tr::kSRegs], dpt[Tr::kSRegs];
+  // acc = A Bᵀ over the head dim: A this consumer's K (or V) rows, B slot s's Q (or dO) tile.
+  auto issue = [&](float (&acc)[Tr::kSRegs], uint64_t desc_a, uint64_t desc_b, int s) {
+    wgmma_fence();  // orders the last reads of acc (packing) before the product overwrites it
+#pragma unroll
+    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
+      const uint32_t k_off = (kk % 4) * 32;
+      Wgmma<Tr::kBlockM, T>::template ss<0>(acc, desc_advance(desc_a, (kk / 4) * Tr::kBlockN * 128 + k_off),
+                                           desc_advance(desc_b, s * Tr::kQBytes + (kk / 4) * Tr::kBlockM * 128 + k_off),
+                                           kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
   auto issue_s = [&](int it) {
-    const int s = it % Tr::kStages;
-    mbar_wait(full(s), (it / Tr::kStages) & 1);
-    wgmma_fence();  // orders the last reads of st (packing) before the product overwrites it
-#pragma unroll
-    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
-      const uint32_t k_off = (kk % 4) * 32;
-      Wgmma<Tr::kBlockM, T>::template ss<0>(st, desc_advance(desc_k, (kk / 4) * Tr::kBlockN * 128 + k_off),
-                                           desc_advance(desc_q, s * Tr::kQBytes + (kk / 4) * Tr::kBlockM * 128 + k_off),
-                                           kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+    mbar_wait(full(it % Tr::kStages), (it / Tr::kStages) & 1);
+    issue(st, desc_k, desc_q, it % Tr::kStages);
   };
-  auto issue_dp = [&](int it) {  // after issue_s(it), which waited for the slot's Q and dO
-    const int s = it % Tr::kStages;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kQKSteps; ++kk) {
-      const uint32_t k_off = (kk % 4) * 32;
-      Wgmma<Tr::kBlockM, T>::template ss<0>(dpt, desc_advance(desc_v, (kk / 4) * Tr::kBlockN * 128 + k_off),
-                                           desc_advance(desc_do, s * Tr::kQBytes + (kk / 4) * Tr::kBlockM * 128 + k_off),
-                                           kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
+  auto issue_dp = [&](int it) { issue(dpt, desc_v, desc_do, it % Tr::kStages); };  // after issue_s(it)
 
   mbar_wait(bar_kv, 0);
   if (Tr::kEarly && cta.n_iters > 0) {

@@ -16,18 +16,9 @@ cudaError_t launch_bwd_kernel(BwdParams params, const BwdMaps& maps, int64_t slo
     ;
 #else
 {
-  const auto kernel = flash_bwd_sm90_kernel<Tr, T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const unsigned n_blocks = static_cast<unsigned>((params.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  for (int64_t first = 0; first < slots; first += kMaxGridY) {
-    params.bh_offset = static_cast<int>(first);
-    const dim3 grid(n_blocks, static_cast<unsigned>(std::min<int64_t>(kMaxGridY, slots - first)), 1);
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return flash_fwd::launch_sliced(flash_bwd_sm90_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, n_blocks, slots, 1,
+                                  params, stream, maps);
 }
 #endif
 

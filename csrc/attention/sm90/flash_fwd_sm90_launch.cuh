@@ -88,18 +88,9 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
     ;
 #else
 {
-  const auto kernel = flash_fwd_sm90_ws_kernel<Tr, T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  for (int64_t first = 0; first < batch_heads; first += kMaxGridY) {
-    params.bh_offset = static_cast<int>(first);
-    const dim3 grid(m_blocks, static_cast<unsigned>(std::min<int64_t>(kMaxGridY, batch_heads - first)), 1);
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return flash_fwd::launch_sliced(flash_fwd_sm90_ws_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, m_blocks,
+                                  batch_heads, 1, params, stream, maps);
 }
 #endif
 
