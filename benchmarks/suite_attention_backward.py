@@ -16,7 +16,8 @@ QUICK = [_shape(4096, d, c, "fwd+bwd") for c in (False, True) for d in (64, 128)
 SUITE = h.Suite(
     name="attention_backward", title="Attention forward + backward vs SDPA backends and FlexAttention",
     op=h.ATTENTION_BACKWARD, device="cuda", shapes=SHAPES, quick_shapes=QUICK, dtypes=("bf16",),
-    providers=[h.ours_attention_grad(None), h.ours_attention_grad("triton"), h.ours_attention_grad("cuda"), h.sdpa_grad(),
+    providers=[h.ours_attention_grad(None), h.ours_attention_grad("triton"), h.ours_attention_grad("cuda"),
+               h.sdpa_grad(),
                h.sdpa_grad("flash"), h.sdpa_grad("cudnn"), h.sdpa_grad("efficient"), h.flex_attention_grad()],
     baselines=("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"),
     plot=h.Plot("lines", x="N", rows="mode", cols="D"),

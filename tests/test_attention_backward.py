@@ -925,7 +925,8 @@ WGMMA_BWD_CASES = [((1, 1), False, "mha"), ((113, 203), True, "gqa"), ((128, 217
 @pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
 @pytest.mark.parametrize("d,block_m", [(64, 64), (64, 128), (128, 64)], ids=["d64-bm64", "d64-bm128", "d128-bm64"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DT.get)
-@pytest.mark.parametrize("shape,causal,heads", WGMMA_BWD_CASES, ids=[_id(f"{s[0]}x{s[1]}", c, h) for s, c, h in WGMMA_BWD_CASES])
+@pytest.mark.parametrize("shape,causal,heads", WGMMA_BWD_CASES,
+                         ids=[_id(f"{s[0]}x{s[1]}", c, h) for s, c, h in WGMMA_BWD_CASES])
 def test_wgmma_backward(shape, causal, heads, dtype, d, block_m, monkeypatch, seed):
     """Each tile the kernel instantiates (configs.CUDA_ATTENTION_BACKWARD's block_m, forced here)."""
     from torch.profiler import ProfilerActivity, profile

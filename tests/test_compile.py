@@ -405,7 +405,8 @@ def test_cuda_graph_training_step(backend, seed):
         for i, (a, e) in enumerate(zip(captured, eager)):
             assert torch.isfinite(a).all(), f"replay {trial}: gradient {i} not finite"
             tol = (0.0, 0.0) if not atomic else (2 ** -6, 2 ** -6 * e.abs().max().item())
-            torch.testing.assert_close(a, e, rtol=tol[0], atol=tol[1], msg=lambda msg: f"replay {trial} grad {i}: {msg}")
+            torch.testing.assert_close(a, e, rtol=tol[0], atol=tol[1],
+                                       msg=lambda msg: f"replay {trial} grad {i}: {msg}")
 
 
 @gpu

@@ -523,10 +523,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Differentiable with respect to q, k and v (and through lse when return_lse=True): the tiled
     backward recomputes P from q, k and the saved lse, never an N×N tensor; dK/dV are summed over
     each GQA group inside the kernels. Backend "triton" runs the Triton backward kernels;
-    "cuda" (also backend=None's choice where configs.ATTENTION_SELECT picks it) its wgmma backward
-    on an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomics) and the Triton kernels elsewhere
-    or with deterministic=True; "torch" the PyTorch one; on the CPU's native path (torch's SDPA)
-    torch's autograd does it.
+    "cuda", and backend=None on a CUDA device whichever forward it picked, the wgmma backward on
+    an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomics; configs.CUDA_ATTENTION_BACKWARD) and
+    the Triton kernels elsewhere or with deterministic=True; "torch" the PyTorch one; on the CPU's
+    native path (torch's SDPA) torch's autograd does it.
     """
     if deterministic is not False and deterministic is not True:
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

@@ -15,9 +15,10 @@
 //     each thread has fenced: only the wgmma emulator reads through the async proxy);
 //   - the kernel-namespace wrappers both kernels share (smem_u32, cp_async_*), the grid launch loop;
 //   - the cases: the float64 reference on the same rounded inputs and the output / lse / guard checks.
-// What is kernel-specific (ldmatrix and mma.sync; wgmma, its descriptors and in-flight operand checks)
-// stays in each emulator, which also defines the three hooks declared below (on_barrier,
-// on_block_start, on_block_exit) and any wrapper whose signature differs between the kernels.
+// What is kernel-specific stays out of it: ldmatrix and mma.sync in flash_fwd_emulator.cpp; wgmma, its
+// descriptors and in-flight operand checks, mbarriers and TMA in sm90_emu.h (shared by the sm90 forward
+// and backward emulators). Those define the hooks declared below (on_barrier, on_block_start,
+// on_block_exit, ...) and any wrapper whose signature differs between the kernels.
 #pragma once
 
 #ifndef EMU_KERNEL_NAMESPACE

@@ -62,7 +62,8 @@ def _buildable() -> bool:
 
 
 def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> bool:
-    """Whether the wgmma backward runs this signature (see the module doc); no device work."""
+    """Whether the wgmma backward runs this signature (see the module doc). Loads the extension
+    (its first load in a process builds it: minutes) to see that its sm90 kernels are in."""
     if deterministic or mods is not None or q.device.type != "cuda":
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in BWD_HEAD_DIMS:

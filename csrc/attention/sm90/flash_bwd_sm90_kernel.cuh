@@ -368,7 +368,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int col = 8 * (i / 4) + 2 * t;
     if (key < p.seqlen_k) {
       *reinterpret_cast<uint32_t*>(gdv + int64_t{key} * p.dv_seq + col) = pack2<T>(dv[i], dv[i + 1]);
-      *reinterpret_cast<uint32_t*>(gdk + int64_t{key} * p.dk_seq + col) = pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(gdk + int64_t{key} * p.dk_seq + col) =
+          pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
     }
   }
 }
