@@ -332,7 +332,7 @@ def test_attention_backward_grid_matches_the_issue():
     quick = s.cases(quick=True)
     assert quick and all(c in cases for c in quick) and len(quick) < len(cases)
     names = [p.name for p in s.providers]
-    assert names == ["default", "triton", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"]
+    assert names == ["default", "triton", "cuda", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"]
     assert {"sdpa", "sdpa-flash", "sdpa-cudnn", "flex"} <= set(s.baselines)
     assert all(not p.graphable for p in s.providers)  # eager: autograd is not captured
     assert s.device == "cuda" and s.op is h.ATTENTION_BACKWARD
@@ -458,7 +458,8 @@ def test_attention_backward_suite_end_to_end_on_cpu(tmp_path):
     result = h.run_suite(suite, _cfg(FakeTimer()))
     recs = _by_provider(result)
     status = {name: {r["status"] for r in rs} for name, rs in recs.items()}
-    assert status == {"default": {h.OK}, "triton": {h.OK}, "sdpa": {h.OK}, "sdpa-flash": {h.OK},
+    assert status == {"default": {h.OK}, "triton": {h.OK}, "cuda": {h.UNAVAILABLE}, "sdpa": {h.OK},
+                      "sdpa-flash": {h.OK},
                       "sdpa-cudnn": {h.UNSUPPORTED}, "sdpa-efficient": {h.UNSUPPORTED},
                       "flex": {h.UNAVAILABLE}, "sdpa-math": {h.OK}, "wrong": {h.FAILED}}
     assert all(r["error"].startswith("output ") for r in recs["wrong"])
