@@ -164,6 +164,12 @@ inline bool strides_ok(const AttnStrides& s, int64_t batch, int64_t heads, int64
   return (batch <= 1 || s.batch % 8 == 0) && (heads <= 1 || s.head % 8 == 0) && (seqlen <= 1 || s.seq % 8 == 0);
 }
 
+// The causal offset as the kernels take it: beyond [-Nq, Nk] it changes nothing (every row sees all
+// keys, or none), and clamped there i + offset + 1 cannot overflow in a kernel.
+inline int64_t clamp_causal_offset(int64_t offset, int64_t seqlen_q, int64_t seqlen_k) {
+  return offset < -seqlen_q ? -seqlen_q : (offset > seqlen_k ? seqlen_k : offset);
+}
+
 inline cudaError_t make_params(const void* q, const void* k, const void* v, void* out, float* lse, int64_t batch,
                                int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
@@ -195,9 +201,7 @@ inline cudaError_t make_params(const void* q, const void* k, const void* v, void
   p.heads_q = static_cast<int>(heads_q);
   p.group = static_cast<int>(heads_q / heads_kv);
   p.bh_offset = 0;
-  // Beyond [-Nq, Nk] the offset changes nothing (every row sees all keys, or none), and clamped
-  // there i + offset + 1 cannot overflow in the kernel.
-  p.causal_offset = causal_offset < -seqlen_q ? -seqlen_q : (causal_offset > seqlen_k ? seqlen_k : causal_offset);
+  p.causal_offset = clamp_causal_offset(causal_offset, seqlen_q, seqlen_k);
   p.seqlen_q = static_cast<int>(seqlen_q);
   p.seqlen_k = static_cast<int>(seqlen_k);
   p.scale_log2 = scale * kLog2e;

@@ -5,8 +5,8 @@ backward wherever `selected` says so: `plan_backward` returns the launches for a
 covers, or None, and the Triton backward runs instead. Covered:
 compute capability 9.0 with the extension's sm90 kernels built, head dims BWD_HEAD_DIMS in fp16/bf16,
 Nq and Nk >= 1, no window / softcap / ALiBi / key mask / varlen, deterministic=False (dQ is added
-with float32 atomics, whose order varies between runs), every operand's base and strides on TMA's
-16-byte rule, and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its
+with float32 atomics, whose order varies between runs), every operand's strides on TMA's 16-byte
+rule (a base address off it: that operand is copied for the call), and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its
 "block_m": the kernel's query rows per step).
 
 One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient), a
@@ -21,19 +21,12 @@ import torch
 from .. import configs
 from .._plan import current_stream as _stream
 from . import _build
+from .attention import reads_in_place
 
 __all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected"]
 
 # What csrc/attention/sm90/flash_bwd_sm90_hdim*.cu instantiate (BwdHeadDims in flash_bwd_sm90.cu).
 BWD_HEAD_DIMS = (64, 128)
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    """TMA's rule, as attention_bwd_sm90 checks it: a 16-byte base, a contiguous head dim and
-    batch / head / seq strides in multiples of 8 elements (a dim of size 1 excepted)."""
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    return all(n <= 1 or s % 8 == 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
 
 
 def _row(q: torch.Tensor) -> dict | None:
@@ -42,15 +35,17 @@ def _row(q: torch.Tensor) -> dict | None:
     return row if row is not None and row.get("kernel") == "wgmma" else None
 
 
+def _takes(q) -> bool:
+    """q's device, dtype and head dim are the kernel's, with a config row for the device."""
+    return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] in BWD_HEAD_DIMS and _row(q) is not None)
+
+
 def selected(q) -> bool:
     """Whether backend=None's backward is this one for q's signature (tiled_attn/attention.py
-    _with_backward): q's device, dtype and head dim have a row here and the extension can be
-    built. No build, no device work; the plan still checks the rest (`covers`) and falls back."""
-    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    if q.shape[-1] not in BWD_HEAD_DIMS or _row(q) is None:
-        return False
-    return _buildable()
+    _with_backward): `_takes` and the extension can be built. No build, no device work; the plan
+    still checks the rest (`covers`) and falls back."""
+    return _takes(q) and _buildable()
 
 
 @torch.compiler.assume_constant_result
@@ -64,15 +59,10 @@ def _buildable() -> bool:
 def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> bool:
     """Whether the wgmma backward runs this signature (see the module doc). Loads the extension
     (its first load in a process builds it: minutes) to see that its sm90 kernels are in."""
-    if deterministic or mods is not None or q.device.type != "cuda":
+    if deterministic or mods is not None or not _takes(q) or q.shape[2] == 0 or k.shape[2] == 0:
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in BWD_HEAD_DIMS:
-        return False
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        return False
-    if _row(q) is None:
-        return False
-    if not all(_aligned(t) for t in (q, k, v, grad_out, dk, dv)):
+    # TMA's stride rule is the forward's 16-byte chunks' (the base addresses: per call, in `run`).
+    if not all(reads_in_place(t) for t in (q, k, v, grad_out, dk, dv)):
         return False
     ext = _build.load(q.device)
     return bool(getattr(ext, "has_attention_sm90", False)) and hasattr(ext, "attention_bwd_sm90")
@@ -104,6 +94,9 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
         ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)
         acc = torch.zeros(rows * d, dtype=torch.float32, device=device)
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        # TMA needs 16-byte bases, which a signature does not fix (a view one element in): such an
+        # operand goes to the kernel as a copy (dk and dv are the plan's own allocations).
+        q, k, v, grad_out = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, grad_out))
         _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
                     _stream(index))
         store(acc, dq)

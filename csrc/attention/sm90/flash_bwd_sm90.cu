@@ -50,7 +50,7 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
   p.dv = dv;
   p.dk_batch = dk_stride.batch, p.dk_head = dk_stride.head, p.dk_seq = dk_stride.seq;
   p.dv_batch = dv_stride.batch, p.dv_head = dv_stride.head, p.dv_seq = dv_stride.seq;
-  p.causal_offset = causal_offset < -seqlen_q ? -seqlen_q : (causal_offset > seqlen_k ? seqlen_k : causal_offset);
+  p.causal_offset = flash_fwd::clamp_causal_offset(causal_offset, seqlen_q, seqlen_k);
   p.heads_q = static_cast<int>(heads_q);
   p.heads_kv = static_cast<int>(heads_kv);
   p.group = static_cast<int>(heads_q / heads_kv);
