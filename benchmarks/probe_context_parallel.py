@@ -130,14 +130,22 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
             q.grad = k.grad = v.grad = None
             out.backward(go)
 
-        variants = {"fused": None, "torch": False} if spec["ab"] and world > 1 else {"fused": None}
+        # variant -> (distributed._FUSED_MERGE, distributed._HIGH_PRIORITY_RING); each variant is its
+        # own call signature, so its own plan (a twin group is made at the first high-priority one)
+        variants = {"fused": (None, True)}
+        if spec["ab"] and world > 1:
+            variants["torch"] = (False, True)
+        if spec["ab_priority"] and world > 1:
+            variants["lowprio"] = (None, False)
         rows = []
         for rnd in range(spec["rounds"]):
-            for name, flag in variants.items():
-                D._FUSED_MERGE = flag
+            for name, (fused, high) in variants.items():
+                D._FUSED_MERGE, D._HIGH_PRIORITY_RING = fused, high
+                D._SIGNATURES.clear()  # the ring's group is fixed at plan time
                 for pass_, call in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
                     rows.append(dict(world=world, n=n, merge=name, pass_=pass_, round=rnd, ms=_time(call, spec["repeat_s"], dist)))
-        D._FUSED_MERGE = None
+        D._FUSED_MERGE, D._HIGH_PRIORITY_RING = None, True
+        D._SIGNATURES.clear()
         prof = None
         if spec["profile"]:
             from torch.profiler import ProfilerActivity, profile
@@ -217,6 +225,9 @@ def main(argv=None) -> None:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--ab", action="store_true")
+    ap.add_argument("--ab-priority", action="store_true",
+                    help="also time the ring with its transfers on the caller's group as it is (normal-priority "
+                         "NCCL streams), the 'lowprio' rows; the default rows use the high-priority twin")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-fwd", type=int, default=0, help="forwards profiled back to back before the fwd+bwd")
     ap.add_argument("--rounds", type=int, default=None)
@@ -243,9 +254,10 @@ def main(argv=None) -> None:
         if world > torch.cuda.device_count():
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            spec = dict(n=args.n, heads=args.heads, dim=args.dim, ab=args.ab, profile=args.profile,
+            spec = dict(n=args.n, heads=args.heads, dim=args.dim, ab=args.ab, ab_priority=args.ab_priority,
+                        profile=args.profile,
                         profile_fwd=args.profile_fwd,
-                        rounds=args.rounds or (3 if args.ab else 1), repeat_s=args.repeat_s, dir=str(args.out),
+                        rounds=args.rounds or (3 if args.ab or args.ab_priority else 1), repeat_s=args.repeat_s, dir=str(args.out),
                         out=os.path.join(tmp, "rows.json"))
             mp.start_processes(_worker, args=(world, _free_port(), spec), nprocs=world, start_method="spawn")
             got = json.load(open(spec["out"]))

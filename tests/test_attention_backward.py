@@ -975,6 +975,36 @@ def test_default_backward_is_wgmma(d, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+def test_wgmma_backward_copies_operands_off_16_bytes(seed):
+    """TMA needs 16-byte base addresses, which a signature does not fix: the same signature called
+    first with aligned operands (the plan is made), then with q, k, v and dO views one element into
+    their storage, runs the wgmma kernel both times (on copies the second time) and meets the rule."""
+    from torch.profiler import ProfilerActivity, profile
+    dtype, d = torch.bfloat16, 64
+    device = _require("cuda", dtype, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(1, 4, 2, 200, 260, d, dtype, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    go = randn(q.shape, dtype, device, gen)
+
+    def one_in(t):  # same values, shape and strides; the base 2 bytes past a 16-byte boundary
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = flat[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16 != 0 and view.stride() == t.stride()
+        return view
+    for what, args in (("aligned", (q, k, v, go)), ("one element in", tuple(one_in(t) for t in (q, k, v, go)))):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            grads = _ours(*args, causal=True, backend="cuda")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        assert any("flash_bwd_sm90_kernel" in n for n in names), f"{what}: {sorted(set(names))}"
+        _check(grads, q, k, v, go, None, True, None, 60, seed, f"cuda-wgmma {what}")
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="determinism at this size runs on a CUDA device")
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("rows", ["shipped", "atomic"])

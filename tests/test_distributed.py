@@ -146,9 +146,25 @@ def _run_case(c: dict, rank: int, world: int, device: str, group=None, call=None
         got["allgather"] = plan.allgather
     if c["grad"]:
         loss = (out * mine(c["go"])).sum() + ((lse * mine(c["gl"])).sum() if lse is not None else 0)
-        loss.backward()
-        got.update(dq=q.grad.cpu(), dk=k.grad.cpu(), dv=v.grad.cpu())
+        with _kernels_run(device) as names:
+            loss.backward()
+        got.update(dq=q.grad.cpu(), dk=k.grad.cpu(), dv=v.grad.cpu(), bwd_kernels=names)
     return got
+
+
+@contextlib.contextmanager
+def _kernels_run(device: str):
+    """The names of the GPU kernels run inside the block (a sorted list, filled on exit; empty off
+    CUDA): the proof of which backward kernels ran."""
+    names: list[str] = []
+    if not device.startswith("cuda"):
+        yield names
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield names
+        torch.cuda.synchronize()
+    names.extend(sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}))
 
 
 def _recording_backend():
@@ -416,6 +432,27 @@ def _check_kernel_dtype(c, ours: dict, device: str, what: str) -> None:
                   c["causal"], scale, 0, c["seed"], what)
 
 
+def _wgmma_bwd_here(d: int, dtype) -> bool:
+    """Whether backend=None trains with the wgmma backward (csrc/attention/sm90) for head dim d in
+    dtype on this machine's GPU: then the ring's and the all-gather's backward must run it too."""
+    if not HAS_CUDA or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    from tiled_attn.cuda import attention_backward as cb
+    q = torch.empty((1, 1, 16, d), dtype=dtype, device="cuda")
+    return cb.selected(q) and cb.covers(q, q, q, q, q, q, q, q, False, None)
+
+
+def check_backward_kernels(c: dict, got: list[dict]) -> None:
+    """Every rank's backward ran the wgmma kernel where backend=None's backward is it, and never
+    the Triton dK/dV kernel beside it (a block it does not cover would fall back: none here)."""
+    if not c["grad"] or not _wgmma_bwd_here(c["q"].shape[-1], c["dtype"]):
+        return
+    for rank, g in enumerate(got):
+        names = g["bwd_kernels"]
+        assert any("flash_bwd_sm90_kernel" in n for n in names), (c["name"], rank, names)
+        assert not any("attention_bwd_dkdv" in n for n in names), (c["name"], rank, names)
+
+
 def check(c: dict, got: list[dict], world: int, device: str = "cpu") -> None:
     """The ranks' results for case c, put back in global order, under the rule."""
     ours = {name: _unshard([g[name] for g in got], c["layout"], world)
@@ -674,6 +711,38 @@ def test_device_for_the_group_backend(backend, device, staged, error):
         assert error in str(e.value)
 
 
+@pytest.mark.parametrize("backend,staged,flag,twin", [
+    ("nccl", False, True, True), ("nccl", True, True, False), ("nccl", False, False, False),
+    ("gloo", False, True, False), ("cpu:gloo,cuda:nccl", False, True, False),
+])
+def test_ring_transfers_on_a_high_priority_twin(monkeypatch, backend, staged, flag, twin):
+    """A plain NCCL group's ring transfers go through one twin group per caller's group, created
+    with high-priority NCCL streams over the same ranks (members only); anything else, or the flag
+    off, keeps the caller's group. NCCL itself is faked here (the CPU has none); the GPU tests
+    run the real twin (test_gpu_nccl_*)."""
+    made = []
+
+    class Options:
+        is_high_priority_stream = False
+
+    def new_group(ranks, pg_options=None, use_local_synchronization=False):
+        made.append((ranks, pg_options.is_high_priority_stream, use_local_synchronization))
+        return object()
+    monkeypatch.setattr(D.dist, "get_backend", lambda g: backend)
+    monkeypatch.setattr(D.dist, "get_process_group_ranks", lambda g: [0, 1, 2])
+    monkeypatch.setattr(D.dist, "new_group", new_group)
+    monkeypatch.setattr(D.dist, "ProcessGroupNCCL", type("PG", (), {"Options": Options}), raising=False)
+    monkeypatch.setattr(D, "_HIGH_PRIORITY_RING", flag)
+    monkeypatch.setattr(D, "_TWINS", {})
+    group = object()
+    got = [D._transfer_group(group, staged) for _ in range(3)]
+    if twin:
+        assert made == [([0, 1, 2], True, True)] and got[0] is not group and got.count(got[0]) == 3
+        assert D._transfer_group(object(), staged) is not got[0] and len(made) == 2  # one twin per group
+    else:
+        assert made == [] and all(g is group for g in got)
+
+
 def test_no_process_group():
     assert not dist.is_initialized()
     q = torch.zeros(1, 1, 2, 8)
@@ -773,6 +842,7 @@ def test_gpu_nccl_world_size_1(tmp_path):
     got = spawn(1, dict(cases=gpu_cases(1), device="cuda", backend="nccl"), tmp_path)
     for i, c in enumerate(gpu_cases(1)):
         check(c, [got[0]["cases"][i]], 1, "cuda")
+        check_backward_kernels(c, [got[0]["cases"][i]])
 
 
 @pytest.mark.gpu
@@ -827,6 +897,7 @@ def test_gpu_nccl_one_gpu_per_rank(world, tmp_path):
     got = spawn(world, dict(cases=cs, device="cuda", backend="nccl", gpu_per_rank=True), tmp_path, timeout=300)
     for i, c in enumerate(cs):
         check(c, [r["cases"][i] for r in got], world, "cuda")
+        check_backward_kernels(c, [r["cases"][i] for r in got])
 
 
 @pytest.mark.gpu
@@ -850,6 +921,7 @@ def test_gpu_two_ranks_share_one_gpu(tmp_path):
     got = spawn(2, dict(cases=gpu_cases(2), device="cuda", backend="gloo", staged=True), tmp_path)
     for i, c in enumerate(gpu_cases(2)):
         check(c, [r["cases"][i] for r in got], 2, "cuda")
+        check_backward_kernels(c, [r["cases"][i] for r in got])
 
 
 # ------------------------------------------------------------------------------------------------

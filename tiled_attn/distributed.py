@@ -160,7 +160,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from . import _checks, _plan, reference
-from .attention import _NoDoubleBackward, _backward_impl, _default_backend, attention
+from .attention import _NoDoubleBackward, _backward_impl, _default_backend, _with_backward, attention
 
 __all__ = ["context_parallel_attention", "ALLGATHER_MAX_BYTES", "LAYOUTS", "STRATEGIES"]
 
@@ -187,6 +187,13 @@ _STAGE_THROUGH_CPU = False
 # kernel also on the CPU under TRITON_INTERPRET=1 (tests); False = the torch form everywhere (the
 # A/B of benchmarks/probe_context_parallel.py).
 _FUSED_MERGE: bool | None = None
+
+# The ring's transfers on a high-priority CUDA stream (see _transfer_group): True = for an NCCL
+# group, through a twin of it created once with ProcessGroupNCCL.Options(is_high_priority_stream=
+# True); False = through the caller's group as it is (the A/B of
+# benchmarks/probe_context_parallel.py --ab-priority).
+_HIGH_PRIORITY_RING = True
+_TWINS: dict = {}  # caller's group -> its high-priority twin (kept for the process's life)
 
 _KV, _DKV = 0, 1  # P2P tags: the K/V ring and the ring of their gradients
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -307,11 +314,47 @@ class _Pending:
         return [t.to(self.device) for t in self.received]
 
 
+def _transfer_group(group, staged: bool):
+    """The group the ring's transfers go through: `group`, or for a plain NCCL group (while
+    _HIGH_PRIORITY_RING) a twin over the same ranks whose NCCL streams have high priority.
+
+    Why: a transfer and the step's compute kernel become ready together (both wait for the
+    transfer before), and a GPU hands out the blocks of kernels of equal priority in launch order:
+    when the compute kernel wins, the NCCL kernel gets SMs only at that kernel's last wave, and the
+    next step waits for its K/V (_KVRing). The blocks of a higher-priority stream are dispatched as
+    soon as any SM frees up, so the transfer runs beside the compute kernel instead. NCCL's stream
+    priority is fixed when a group is created (ProcessGroupNCCL.Options.is_high_priority_stream, or
+    TORCH_NCCL_HIGH_PRIORITY=1 for every group), so a caller's group made without it gets a twin:
+    dist.new_group over its ranks, once per group per process (use_local_synchronization: only its
+    members take part). Every rank creates it at the same point, the first plan of the group, right
+    after the signature check that every rank runs together. Its cost is one more NCCL
+    communicator (its buffers on each GPU). A group already on high-priority streams, a gloo or
+    mixed group, or _HIGH_PRIORITY_RING = False: the caller's group."""
+    if staged or not _HIGH_PRIORITY_RING or dist.get_backend(group) != "nccl":
+        return group
+    twin = _TWINS.get(group)
+    if twin is None:
+        try:
+            if group._get_backend(torch.device("cuda")).options.is_high_priority_stream:
+                _TWINS[group] = group
+                return group
+        except Exception:  # noqa: BLE001 -- no such accessor in this torch: make the twin
+            pass
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = True
+        twin = _TWINS[group] = dist.new_group(dist.get_process_group_ranks(group), pg_options=opts,
+                                              use_local_synchronization=True)
+    return twin
+
+
 class _Comm:
     """The group's transfers as the ring and the all-gather variant use them."""
 
-    def __init__(self, group, world: int, rank: int, staged: bool):
-        self.group, self.world, self.rank, self.staged = group, world, rank, staged
+    def __init__(self, group, world: int, rank: int, staged: bool, ring: bool = False):
+        """ring: the transfers of a plan (through _transfer_group's twin where it applies); else the
+        caller's group as it is (the signature check's one all_gather)."""
+        self.world, self.rank, self.staged = world, rank, staged
+        self.group = _transfer_group(group, staged) if ring and world > 1 else group
         self.next = dist.get_global_rank(group, (rank + 1) % world)
         self.prev = dist.get_global_rank(group, (rank - 1) % world)
         self._side: dict = {}
@@ -436,10 +479,16 @@ class _Plan:
 
     def __init__(self, q, k, group, causal: bool, scale: float, layout: str, allgather: bool, staged: bool):
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.comm = _Comm(group, self.world, self.rank, staged)
+        self.comm = _Comm(group, self.world, self.rank, staged, ring=True)
         self.scale, self.causal, self.allgather = scale, causal, allgather
-        # the backward's: what ta.attention(..., return_lse=True) runs for these tensors
-        self.backend = _default_backend(q)
+        # The backward's kernels: backend=None's backward for these tensors, as ta.attention's own
+        # autograd picks it (attention._with_backward: the wgmma backward where it is selected, e.g.
+        # sm90 with D 64/128 in 16 bits; otherwise the forward's backend, Triton on CUDA). The
+        # blocks' own checks (cuda.attention_backward.covers) still send a block it does not cover
+        # (an odd stride) to the Triton kernels.
+        fwd = _default_backend(q)
+        both = _with_backward(q, None, fwd)
+        self.backend = both[1] if isinstance(both, tuple) else both
         self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         nq, nk = q.shape[2], k.shape[2]
         self.chunks = _chunks(layout, self.world, self.rank)
