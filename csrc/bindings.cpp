@@ -424,7 +424,7 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
 // tiled_attn/cuda/attention_backward.py) ----
 // dq_accum (zeroed by the caller) += Σ dS k; dk, dv overwritten. q, k, v, dout as the forward's operands
 // (dout q's shape), lse and delta contiguous float32 (B, Hq, Nq), dq_accum contiguous float32
-// (B·Hq, Nq, D), dk / dv k's shape and dtype.
+// (B·Hq, Nq, D), dk / dv k's shape, both in q's dtype or both float32 (a caller's unrounded partials).
 std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
                                torch::Tensor& dq_accum, torch::Tensor& dk, torch::Tensor& dv, double scale, bool causal,
@@ -444,7 +444,12 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                       dq_accum.scalar_type() == torch::kFloat && dq_accum.is_contiguous() &&
                       dq_accum.numel() == batch * heads_q * seqlen_q * head_dim,
                   "dq_accum must be a contiguous float32 tensor of B·Hq·Nq·D elements, got ", dq_accum.sizes()) &&
-        check_attn_operand(chk, dk, "dk", q) && check_attn_operand(chk, dv, "dv", q) &&
+        (dk.scalar_type() == torch::kFloat && dv.scalar_type() == torch::kFloat
+             ? chk.value(dk.is_cuda() && dk.device() == q.device() && dv.is_cuda() && dv.device() == q.device() &&
+                             dk.dim() == 4 && dv.dim() == 4 && dk.stride(3) == 1 && dv.stride(3) == 1,
+                         "float32 dk and dv must be 4-D (B, H, N, D) on ", q.device(),
+                         " with a contiguous last dim")
+             : check_attn_operand(chk, dk, "dk", q) && check_attn_operand(chk, dv, "dv", q)) &&
         chk.value(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(), "dk and dv must have k's shape ", k.sizes(),
                   ", got ", dk.sizes(), " and ", dv.sizes()))) {
     return chk.error();
@@ -461,7 +466,7 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                                               heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q),
                                               attn_strides(k), attn_strides(v), attn_strides(dout), attn_strides(dk),
                                               attn_strides(dv), static_cast<float>(scale), causal, causal_offset,
-                                              block_m, as_stream(stream)),
+                                              block_m, dk.scalar_type() == torch::kFloat, as_stream(stream)),
                "CUDA wgmma attention backward kernel");
   return chk.error();
 }

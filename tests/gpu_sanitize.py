@@ -259,9 +259,10 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
     # Each config row (tl.dot tile) once per dtype class: D 40/64 share the d64 rows, 96/128 d128.
     kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
              (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
-    if backend == "cuda":  # block_m 64 and 128 at D = 64 (the kernel's two tiles; 128 is D = 64's only)
+    if backend == "cuda":  # block_m 64 and 128 at D = 64 (the kernel's two tiles; 128 is D = 64's only);
+        # "f32": float32 dK / dV stores (grad_dtype, the context-parallel ring's partials)
         kinds = ((torch.bfloat16, 64, 64), (torch.float16, 64, 128), (torch.float16, 128, 64),
-                 (torch.bfloat16, 128, 64))
+                 (torch.bfloat16, 128, 64), (torch.bfloat16, 64, 128, "f32"), (torch.float16, 128, 64, "f32"))
     if dtypes:
         kinds = tuple((dt, d) for dt, d in kinds if dt in [DTYPES[n] for n in dtypes])
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
@@ -272,19 +273,26 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
         if layout == "bnhd" and (d != 128 or dtype != torch.bfloat16):
             continue
         what = f"attention backward {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype} {layout}"
-        if len(kind) == 3:  # the wgmma backward's tile: its config row, and no plan made with another
+        if len(kind) >= 3:  # the wgmma backward's tile: its config row, and no plan made with another
             configs.CUDA_ATTENTION_BACKWARD[("sm90", d)] = {"kernel": "wgmma", "block_m": kind[2]}
             _plan.clear_all()
-            what += f" block_m={kind[2]}"
+            what += f" block_m={kind[2]}" + (" float32 partials" if len(kind) == 4 else "")
         with res.case("attention backward", what):
             def draw(h, n):
                 t = torch.randn((1, n, h, d) if layout == "bnhd" else (1, h, n, d), generator=gen)
                 t = t.to(dtype).to(DEVICE)
                 return (t.transpose(1, 2) if layout == "bnhd" else t).requires_grad_()
             q, k, v = draw(hq, nq), draw(hkv, nk), draw(hkv, nk)
-            out = ta.attention(q, k, v, causal=causal, backend=backend)
+            out, lse = ta.attention(q, k, v, causal=causal, backend=backend, return_lse=True)
             dout = torch.randn(out.shape, generator=gen).to(dtype).to(DEVICE)
-            grads = torch.autograd.grad(out, (q, k, v), dout)
+            if len(kind) == 4:
+                from tiled_attn.attention import _backward_impl
+                grads = _backward_impl(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None,
+                                       1.0 / math.sqrt(d), causal, nk - nq, backend, False, grad_dtype=torch.float32)
+                assert all(g.dtype == torch.float32 for g in grads)
+                grads = tuple(g.to(dtype) for g in grads)
+            else:
+                grads = torch.autograd.grad(out, (q, k, v), dout)
             _check(grads, q, k, v, dout, None, causal, None, nk - nq, seed, what)
 
 

@@ -974,6 +974,32 @@ def test_default_backward_is_wgmma(d, seed):
         _check(grads, q, k, v, go, None, True, None, 0, seed, f"default D={d} deterministic={deterministic}")
 
 
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_float32_partial_gradients(backend, seed):
+    """grad_dtype=float32 (the context-parallel ring's unrounded partials): the same kernels with
+    float32 stores, so rounding those gradients to bf16 gives the bf16 ones (the wgmma dQ, summed by
+    atomics in an order that varies, within one bf16 ulp of them); under the interpreter too."""
+    from tiled_attn.attention import _backward_impl
+    dtype, d = torch.bfloat16, 64
+    device = _require(backend, dtype, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(1, 4, 2, 70, 90, d, dtype, device, gen)
+    go = randn(q.shape, dtype, device, gen)
+    out, lse = ta.attention(q, k, v, causal=True, backend=backend, return_lse=True)
+    scale = 1.0 / math.sqrt(d)
+    args = (go, q, k, v, out, lse, None, scale, True, 20, backend, False)
+    g16, g32 = _backward_impl(*args), _backward_impl(*args, grad_dtype=torch.float32)
+    for name, a, b in zip(("dq", "dk", "dv"), g16, g32):
+        assert b.dtype == torch.float32 and a.dtype == dtype and b.shape == a.shape, name
+        assert torch.isfinite(b).all(), name
+        if name == "dq" and _dq_atomic(q, backend, False):
+            ulp = torch.finfo(dtype).eps * b.abs().clamp(min=torch.finfo(dtype).tiny)
+            assert ((b.to(dtype).float() - a.float()).abs() <= 2 * ulp + 1e-6).all(), name
+        else:
+            assert torch.equal(b.to(dtype), a), name
+    _check(tuple(g.to(dtype) for g in g32), q, k, v, go, None, True, None, 20, seed, f"{backend} float32 partials")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
 def test_wgmma_backward_copies_operands_off_16_bytes(seed):

@@ -38,13 +38,15 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_backward_kernel_in_the_emulator(emulator, head_dim):
-    """Eight cases per tile: block_m 64, and at D = 64 also 128."""
+    """Eight cases per tile: block_m 64, and at D = 64 also 128; two more with float32 dK / dV
+    (BwdParams::dkv_f32, the shipped tile)."""
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
-    runs = 16 if head_dim == 64 else 8
+    runs = (16 if head_dim == 64 else 8) + 2
     assert re.search(rf"^0 of {runs} cases failed$", out, re.M), out[-3000:]
     assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=", out, re.M)) == runs, out[-3000:]
+    assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=\s*\d+ (?:bf16|fp16) dkv=f32 ", out, re.M)) == 2, out[-3000:]
     if head_dim == 64:
-        assert len(re.findall(r"^ok   D=\s*64 bm=128 ", out, re.M)) == 8, out[-3000:]
+        assert len(re.findall(r"^ok   D=\s*64 bm=128 ", out, re.M)) == 10, out[-3000:]
 
 
 # A planted bug and what the emulator must report for it. short_count: the slot-release mbarriers count

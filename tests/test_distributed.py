@@ -639,14 +639,18 @@ def test_signature_checked_once(run2):
 # of step t's gradient transfer (posted after step t: it carries its result).
 EXPECTED_EVENTS = {
     2: ["post kv", "attn", "attn", "wait kv", "attn",
-        "post kv", "bwd", "post dkv", "wait kv", "bwd", "wait dkv", "post dkv", "wait dkv"],
+        "post kv",                                # the backward's only transfer
+        "bwd",                                    # the own step's first part, while it travels
+        "wait kv", "bwd", "post dkv",             # the other rank's K/V, its gradients sent home
+        "bwd", "wait dkv"],                       # the own step's rest, then this K/V's gradients
     4: ["post kv", "attn", "attn",               # the own step in two calls (distributed._own_calls)
         "wait kv", "post kv", "attn", "wait kv", "post kv", "attn", "wait kv", "attn",
-        "post kv", "wait kv", "post kv",          # transfers 1 and 2 before step 0
-        "bwd", "post dkv",                        # step 0, its gradients sent on
-        "wait kv", "post kv", "bwd", "wait dkv", "post dkv",   # transfer 3 before step 1
+        "post kv", "wait kv", "post kv",          # transfers 1 and 2
+        "bwd",                                    # the own step's first part (distributed._ring_backward)
+        "wait kv", "post kv", "bwd", "post dkv",  # transfer 3; step 1 starts a chain of sums
         "bwd", "wait dkv", "post dkv",
         "wait kv", "bwd", "wait dkv", "post dkv",
+        "bwd",                                    # the own step's rest, while the last hop travels
         "wait dkv"],                              # this rank's own K/V gradients, back home
 }
 

@@ -63,15 +63,16 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _grad_alloc(t: torch.Tensor) -> torch.Tensor:
-    """The gradient of q, k or v: t's own layout where t is dense, else (B, N, H, D) memory like
-    the forward's output (a head-split view of a packed projection: its gradient then reshapes
-    back to (B, N, H·D) as a view)."""
-    g = torch.empty_like(t)  # keeps t's strides exactly when t is dense and non-overlapping
+def _grad_alloc(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The gradient of q, k or v (in t's dtype, or `dtype`): t's own layout where t is dense, else
+    (B, N, H, D) memory like the forward's output (a head-split view of a packed projection: its
+    gradient then reshapes back to (B, N, H·D) as a view)."""
+    dtype = t.dtype if dtype is None else dtype
+    g = torch.empty_like(t, dtype=dtype)  # keeps t's strides exactly when t is dense and non-overlapping
     if g.stride() == t.stride():
         return g
     b, h, n, d = t.shape
-    return torch.empty_strided((b, h, n, d), (n * h * d, d, h * d, 1), dtype=t.dtype, device=t.device)
+    return torch.empty_strided((b, h, n, d), (n * h * d, d, h * d, 1), dtype=dtype, device=t.device)
 
 
 def _effective_offset(causal: bool, offset: int, nq: int, nk: int) -> tuple[bool, int]:
@@ -322,16 +323,19 @@ class AttentionBackwardPlan:
     (tiled_attn/cuda/attention_backward.py: sm_90a, D 64/128, not deterministic), else the Triton
     ones; "torch" the tiled PyTorch one (reference.blockwise_attention_backward). The Triton dQ is
     its own pass (bitwise-repeatable) or float32 atomics, by the config row; the wgmma dQ is float32
-    atomics; `deterministic` forces the Triton pass."""
+    atomics; `deterministic` forces the Triton pass. `grad_dtype`: the gradients' dtype (None: the
+    inputs'); float32 for 16-bit inputs gives unrounded partials (the context-parallel ring sums
+    one per block: distributed._ring_backward)."""
 
     __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods")
 
     def __init__(self, q, k, v, out, grad_out, scale: float, causal: bool, causal_offset: int,
-                 has_dlse: bool, backend: str, deterministic: bool, mods: Mods | None = None):
+                 has_dlse: bool, backend: str, deterministic: bool, mods: Mods | None = None,
+                 grad_dtype: torch.dtype | None = None):
         self.backend, self.scale, self.causal, self.offset = backend, scale, causal, causal_offset
         self.mods = mods
-        grads = [_grad_alloc(t) for t in (q, k, v)]
-        self.layouts = [(g.shape, g.stride()) for g in grads]
+        grads = [_grad_alloc(t, grad_dtype) for t in (q, k, v)]
+        self.layouts = [(g.shape, g.stride(), g.dtype) for g in grads]
         # No query rows or no keys: nothing flows (every gradient is zero).
         self.empty = q.numel() == 0 or k.numel() == 0
         self.run = None
@@ -349,8 +353,8 @@ class AttentionBackwardPlan:
                                                      causal_offset, has_dlse, deterministic, mods=mods)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
-        dq, dk, dv = (torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-                      for (size, stride), t in zip(self.layouts, (q, k, v)))
+        dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=t.device)
+                      for (size, stride, dtype), t in zip(self.layouts, (q, k, v)))
         if self.empty:
             return dq.zero_(), dk.zero_(), dv.zero_()
         if self.run is None:  # the torch backend
@@ -371,20 +375,20 @@ _BACKWARD_PLANS = _plan.PlanCache("attention backward")
 
 
 def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic,
-                   mods=None):
+                   mods=None, grad_dtype=None):
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(), grad_out.stride(),
            None if grad_lse is None else grad_lse.stride(), q.dtype, q.device, scale, causal,
-           causal_offset, backend, deterministic, mods)
+           causal_offset, backend, deterministic, mods, grad_dtype)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         plan = _BACKWARD_PLANS.put(key, AttentionBackwardPlan(q, k, v, out, grad_out, scale, causal,
                                                               causal_offset, grad_lse is not None, backend,
-                                                              deterministic, mods))
+                                                              deterministic, mods, grad_dtype))
     return plan
 
 
 def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_offset, backend,
-                   deterministic, mods=None, extras=()):
+                   deterministic, mods=None, extras=(), grad_dtype=None):
     # Autograd hands what the graph made: a gradient of another dtype (autocast, a float32 loss)
     # or an lse gradient with any layout. The kernels read dO through its strides (an expanded
     # gradient, stride 0, is read in place) and dlse as a contiguous float32 (B, H, Nq).
@@ -392,8 +396,8 @@ def _backward_impl(grad_out, q, k, v, out, lse, grad_lse, scale, causal, causal_
         grad_out = grad_out.to(q.dtype)
     if grad_lse is not None:
         grad_lse = grad_lse.to(lse.dtype).contiguous()
-    return _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset,
-                          backend, deterministic, mods).backward(q, k, v, out, lse, grad_out, grad_lse, *extras)
+    return _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic,
+                          mods, grad_dtype).backward(q, k, v, out, lse, grad_out, grad_lse, *extras)
 
 
 torch.library.define("tiled_attn::attention_bwd",

@@ -39,8 +39,11 @@ rounding per partial.
 
 Backward (strategy "ring"): a torch.autograd.Function saves the local q, k, v and the merged out and
 lse, and runs the ring again. For each K/V block the library's tiled backward
-(attention._backward_impl, the backend the forward's ta.attention used) is given the GLOBAL out and
-lse: P recomputed from the global lse is then exactly that block of the global softmax, and delta =
+(attention._backward_impl with backend=None's backward for these tensors: the wgmma kernel where
+attention._with_backward selects it, e.g. sm90 with D 64/128 in 16 bits, else the forward's
+backend) is given the GLOBAL out and lse, and writes float32 gradients (grad_dtype: a block's
+partial is never rounded to 16 bits before it is summed; rounded, the sum of a few partials broke
+DESIGN §4's rule on dV, 4.9e-2 against 4.4e-2 allowed, on two H200s, bf16): P recomputed from the global lse is then exactly that block of the global softmax, and delta =
 rowsum(dO·O) − dlse uses the global O, so the blocks' gradients add up to the global ones (dlse, the
 gradient of the returned lse, enters through delta). dQ accumulates locally; the K/V gradients of a
 block belong to its owner: they travel around a second ring (tag 1), each rank adding its
@@ -48,7 +51,8 @@ contribution to the accumulator it receives before passing it on, and after worl
 accumulator of every rank's K/V arrives back at its owner. That transfer is posted after a step's
 compute and waited for after the next step's, so it overlaps too. Gradients accumulate and travel
 in float32 (float64 for float64): a sum of world partials rounded to 16 bits at every hop would
-lose more than the kernels do. Like any collective, every rank must run the backward.
+lose more than the kernels do. The ring's transfers use a high-priority twin of an NCCL group
+(_transfer_group says why). Like any collective, every rank must run the backward.
 
 The all-gather variant (strategy "allgather"): one dist.all_gather of K/V, reordered into the global
 sequence, then per local query chunk one ta.attention over the keys it can see (causal: the chunk's
@@ -583,30 +587,53 @@ def _ring_forward(plan: _Plan, q, k, v):
 
 
 def _ring_backward(plan: _Plan, q, k, v, out, lse, grad_out, grad_lse):
+    """The gradients of the ring, in the order that hides its transfers: the own step's first part
+    (_own_calls: a quarter of its work when causal) while the first K/V arrive, then the steps of
+    the other ranks' K/V, then the own step's rest while this rank's K/V gradients make their last
+    hop home. The gradients of another rank's K/V travel along the ring (tag _DKV): rank r, at the
+    step that holds owner o's K/V, adds its block's gradients to the sums received from r − 1 and
+    sends them on; after the last step they reach the owner, which adds its own step's. (With the
+    own step first, as before, that last hop came after every rank's last kernel: 10-12 ms idle
+    of a 155 ms call on 4 H200s at N = 128k, benchmarks/results/2026-11-28-h200x4-probe-*.)"""
     acc_t = plan.acc_dtype
+
+    def block_grads(kv, blk):
+        nq_b, nk_b = blk.q.stop - blk.q.start, blk.k.stop - blk.k.start
+        dlse = None if grad_lse is None else grad_lse[:, :, blk.q]
+        # lse sliced along N is strided; the backward kernels read it as a dense (B, H, Nq). float32
+        # gradients: a partial is summed unrounded (the module doc)
+        g = _backward_impl(grad_out[:, :, blk.q], q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k],
+                           out[:, :, blk.q], lse[:, :, blk.q].contiguous(), dlse, plan.scale, blk.causal,
+                           nk_b - nq_b, plan.backend, False, grad_dtype=acc_t)
+        dq[:, :, blk.q] += g[0]
+        return g[1], g[2]
+
+    def add_into(dkv, blk, g):
+        dkv[0][:, :, blk.k] += g[0]
+        dkv[1][:, :, blk.k] += g[1]
+
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
-    ring = _KVRing(plan.comm, k, v, ahead=2)
-    kv, sums = [k, v], None  # sums: the K/V gradients of this step's owner, from the ranks before
-    for t, blocks in enumerate(plan.steps):
-        if t:
-            kv = ring.step()
+    own = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in (k, v)]
+    # (one rank: one call, nothing to hide)
+    first, *rest = _own_calls(plan.steps[0], q.shape[2]) if plan.world > 1 else plan.steps[0]
+    ring = _KVRing(plan.comm, k, v, ahead=2) if plan.world > 1 else None
+    add_into(own, first, block_grads((k, v), first))
+    sums = None  # the K/V gradients of the step's owner, from the ranks before
+    for blocks in plan.steps[1:]:
+        kv = ring.step()
         dkv = [torch.zeros(x.shape, dtype=acc_t, device=x.device) for x in kv]
         for blk in blocks:
-            nq_b, nk_b = blk.q.stop - blk.q.start, blk.k.stop - blk.k.start
-            dlse = None if grad_lse is None else grad_lse[:, :, blk.q]
-            # lse sliced along N is strided; the backward kernels read it as a dense (B, H, Nq)
-            g = _backward_impl(grad_out[:, :, blk.q], q[:, :, blk.q], kv[0][:, :, blk.k], kv[1][:, :, blk.k],
-                               out[:, :, blk.q], lse[:, :, blk.q].contiguous(), dlse, plan.scale, blk.causal,
-                               nk_b - nq_b, plan.backend, False)
-            dq[:, :, blk.q] += g[0]
-            dkv[0][:, :, blk.k] += g[1]
-            dkv[1][:, :, blk.k] += g[2]
+            add_into(dkv, blk, block_grads(kv, blk))
         if sums is not None:
             for acc, s in zip(dkv, sums.wait()):
                 acc += s
-        sums = plan.comm.post(dkv, _DKV) if plan.world > 1 else None
-    dk, dv = dkv if sums is None else sums.wait()  # after world hops: this rank's own K/V's sums
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        sums = plan.comm.post(dkv, _DKV)
+    for blk in rest:
+        add_into(own, blk, block_grads((k, v), blk))
+    if sums is not None:  # after world − 1 hops: the other ranks' gradients of this rank's K/V
+        for acc, s in zip(own, sums.wait()):
+            acc += s
+    return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):

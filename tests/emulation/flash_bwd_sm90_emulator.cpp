@@ -48,6 +48,7 @@ using emu_cases::Case;
 using emu_cases::to_bits;
 
 int g_block_m = 64;  // the tile of the case being run (attention_bwd_sm90's block_m)
+bool g_dkv_f32 = false;  // dk / dv as float32 (BwdParams::dkv_f32: the ring's unrounded partials)
 
 // The dynamic shared memory's base and the lagging warpgroup of a case (as the forward's case_run):
 // the producer or a consumer lags in half the cases (TILED_ATTN_EMU_LAG=W: warpgroup W in every case,
@@ -86,6 +87,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   fill(dout, q_elems);
   const uint16_t kPoison = 0x7e00 | 0x7fc0;  // a NaN in both fp16 and bf16
   std::vector<uint16_t> dk(g_elems + 2 * guard, kPoison), dv(g_elems + 2 * guard, kPoison);
+  std::vector<float> dk32(g_dkv_f32 ? g_elems + 2 * guard : 0, std::nanf("")), dv32(dk32);
+  void* const dkp = g_dkv_f32 ? static_cast<void*>(dk32.data() + guard) : static_cast<void*>(dk.data() + guard);
+  void* const dvp = g_dkv_f32 ? static_cast<void*>(dv32.data() + guard) : static_cast<void*>(dv.data() + guard);
   const float kSentinel = 1234.5f;  // dq_accum's guards (a NaN would not show an add)
   std::vector<float> dq_accum(dq_elems + 2 * guard, 0.f);
   for (int i = 0; i < guard; ++i) dq_accum[i] = dq_accum[dq_accum.size() - 1 - i] = kSentinel;
@@ -146,8 +150,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const tiled_attn::AttnStrides qs{q_batch, c.d, q_seq}, ks{k_batch, c.d, k_seq}, gs{g_batch, g_head, g_seq};
   const cudaError_t err = tiled_attn::attention_bwd_sm90(
       c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp, vp, dop, lse, delta,
-      dq_accum.data() + guard, dk.data() + guard, dv.data() + guard, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, qs,
-      gs, gs, static_cast<float>(scale), c.causal, c.offset, g_block_m, nullptr);
+      dq_accum.data() + guard, dkp, dvp, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, qs,
+      gs, gs, static_cast<float>(scale), c.causal, c.offset, g_block_m, g_dkv_f32, nullptr);
   if (err != cudaSuccess) emu::fail("attention_bwd_sm90 returned " + std::to_string(static_cast<int>(err)));
 
   // The gradients in float64 from the same lse and delta: P = exp(s − lse), dS = P (dout·v − delta).
@@ -196,7 +200,8 @@ bool run_case(const Case& c, std::mt19937& rng) {
       for (int j = 0; j < c.nk; ++j)
         for (int e = 0; e < c.d; ++e) {
           const size_t x = static_cast<size_t>(b) * g_batch + h * g_head + static_cast<size_t>(j) * g_seq + e;
-          const double gk = emu::to_double<T>(dk[guard + x]), gv = emu::to_double<T>(dv[guard + x]);
+          const double gk = g_dkv_f32 ? dk32[guard + x] : emu::to_double<T>(dk[guard + x]);
+          const double gv = g_dkv_f32 ? dv32[guard + x] : emu::to_double<T>(dv[guard + x]);
           if (!(std::fabs(gk - rdk[x]) <= 1e30)) emu::fail(where("dk not finite (unwritten?)", b, h, j, e));
           if (!(std::fabs(gv - rdv[x]) <= 1e30)) emu::fail(where("dv not finite (unwritten?)", b, h, j, e));
           err_dk = std::max(err_dk, std::fabs(gk - rdk[x]));
@@ -204,12 +209,20 @@ bool run_case(const Case& c, std::mt19937& rng) {
           max_dk = std::max(max_dk, std::fabs(rdk[x]));
           max_dv = std::max(max_dv, std::fabs(rdv[x]));
         }
-  for (const auto* buf : {&dk, &dv}) {
+  auto inside = [&](size_t i, size_t size) {
+    return i >= static_cast<size_t>(guard) && i < size - guard && ((i - guard) % g_seq) < static_cast<size_t>(c.d);
+  };
+  for (const auto* buf : {&dk, &dv}) {  // untouched when the kernel writes float32
     for (size_t i = 0; i < buf->size(); ++i) {
-      const bool inside = i >= static_cast<size_t>(guard) && i < buf->size() - guard &&
-                          ((i - guard) % g_seq) < static_cast<size_t>(c.d);
-      if (!inside && (*buf)[i] != kPoison)
+      if ((g_dkv_f32 || !inside(i, buf->size())) && (*buf)[i] != kPoison)
         emu::fail(std::string("write outside ") + (buf == &dk ? "dk" : "dv") + "'s elements at index " +
+                  std::to_string(static_cast<long long>(i) - guard));
+    }
+  }
+  for (const auto* buf : {&dk32, &dv32}) {
+    for (size_t i = 0; i < buf->size(); ++i) {
+      if (!inside(i, buf->size()) && !std::isnan((*buf)[i]))
+        emu::fail(std::string("write outside float32 ") + (buf == &dk32 ? "dk" : "dv") + "'s elements at index " +
                   std::to_string(static_cast<long long>(i) - guard));
     }
   }
@@ -220,9 +233,9 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const double rel_dq = err_dq / std::max(max_dq, 1e-3), rel_dk = err_dk / std::max(max_dk, 1e-3),
                rel_dv = err_dv / std::max(max_dv, 1e-3);
   const bool ok = rel_dq <= tol && rel_dk <= tol && rel_dv <= tol;
-  std::printf("%s D=%3d bm=%3d %s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
+  std::printf("%s D=%3d bm=%3d %s%s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
               "max|err|/max|ref|: dq=%.2e dk=%.2e dv=%.2e  (max|ref| dq=%.2e dk=%.2e dv=%.2e)\n",
-              ok ? "ok  " : "FAIL", c.d, g_block_m, c.bf16 ? "bf16" : "fp16", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
+              ok ? "ok  " : "FAIL", c.d, g_block_m, c.bf16 ? "bf16" : "fp16", g_dkv_f32 ? " dkv=f32" : "", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
               static_cast<long long>(c.offset), scale, extra.c_str(), rel_dq, rel_dk, rel_dv, max_dq, max_dk, max_dv);
   std::fflush(stdout);
   return ok;
@@ -254,9 +267,11 @@ int main(int argc, char** argv) {
   }
   int failed = 0, ran = 0;
   for (const Case& c : cases) {
-   for (int block_m : {64, 128}) {  // D = 64 has both tiles
-    if (block_m == 128 && c.d != 64) continue;
-    g_block_m = block_m;
+   for (int block_m : {64, 128, 0}) {  // D = 64 has both tiles; 0: float32 dk / dv (two cases a head dim)
+    const size_t at = static_cast<size_t>(&c - cases.data()) % 8;
+    if ((block_m == 128 && c.d != 64) || (block_m == 0 && at != 2 && at != 4)) continue;
+    g_dkv_f32 = block_m == 0;
+    g_block_m = block_m == 0 ? (c.d == 64 ? 128 : 64) : block_m;
     ++ran;
     try {
       const bool ok = c.bf16 ? run_case<__nv_bfloat16>(c, rng) : run_case<__half>(c, rng);

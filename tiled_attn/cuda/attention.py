@@ -294,7 +294,10 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
 
     def run(q, k, v, out, lse):
         if not all_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
-            q, k, v = (t if ok and t.data_ptr() % 16 == 0 else t.contiguous() for t, ok in zip((q, k, v), layout_ok))
+            # a fresh copy, never .contiguous(): that returns a contiguous view off 16 bytes as it is
+            # (seen on an H200: a view one element into its storage, cudaErrorMisalignedAddress)
+            q, k, v = (t if ok and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+                       for t, ok in zip((q, k, v), layout_ok))
         out_k = out if out_ok and out.data_ptr() % 16 == 0 else torch.empty(
             b, nq, hq, d, dtype=out.dtype, device=out.device).transpose(1, 2)
         lse_k = lse if lse_ok else torch.empty(b, hq, nq, dtype=torch.float32, device=lse.device)

@@ -96,7 +96,8 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
         delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
         # TMA needs 16-byte bases, which a signature does not fix (a view one element in): such an
         # operand goes to the kernel as a copy (dk and dv are the plan's own allocations).
-        q, k, v, grad_out = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, grad_out))
+        q, k, v, grad_out = (t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+                             for t in (q, k, v, grad_out))
         _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
                     _stream(index))
         store(acc, dq)

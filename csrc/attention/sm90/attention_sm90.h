@@ -44,7 +44,8 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
-                               bool causal, int64_t causal_offset, int64_t block_m, cudaStream_t stream);
+                               bool causal, int64_t causal_offset, int64_t block_m, bool dkv_f32,
+                               cudaStream_t stream);
 
 bool attention_bwd_sm90_head_dim_supported(int64_t head_dim);
 

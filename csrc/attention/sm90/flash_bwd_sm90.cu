@@ -22,7 +22,8 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
-                               bool causal, int64_t causal_offset, int64_t block_m, cudaStream_t stream) {
+                               bool causal, int64_t causal_offset, int64_t block_m, bool dkv_f32,
+                               cudaStream_t stream) {
   using flash_fwd::aligned16;
   using flash_fwd::strides_ok;
   if (!BwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
@@ -48,6 +49,7 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
   p.dq_accum = dq_accum;
   p.dk = dk;
   p.dv = dv;
+  p.dkv_f32 = dkv_f32;
   p.dk_batch = dk_stride.batch, p.dk_head = dk_stride.head, p.dk_seq = dk_stride.seq;
   p.dv_batch = dv_stride.batch, p.dv_head = dv_stride.head, p.dv_seq = dv_stride.seq;
   p.causal_offset = flash_fwd::clamp_causal_offset(causal_offset, seqlen_q, seqlen_k);

@@ -20,6 +20,7 @@ struct BwdParams {
   float* dq_accum;     // (B·Hq, Nq, D) contiguous float32: += Σ_j dS_ij k_j, without the softmax scale
   void* dk;            // (B, Hkv, Nk, D), overwritten: scale · Σ dS_ij q_i over the GQA group
   void* dv;            // (B, Hkv, Nk, D), overwritten: Σ P_ij dO_i over the GQA group
+  bool dkv_f32;        // dk and dv are float32 (else q's dtype): partial sums a caller adds up unrounded
   int64_t dk_batch, dk_head, dk_seq;
   int64_t dv_batch, dv_head, dv_seq;
   int64_t causal_offset;  // key j visible from query i iff j <= i + causal_offset (clamped to [-Nq, Nk])

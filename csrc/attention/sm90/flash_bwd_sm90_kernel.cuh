@@ -359,17 +359,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
 
-  // dV and dK (scaled) of this thread's two keys, 4-byte stores of adjacent columns.
-  T* const gdv = static_cast<T*>(p.dv) + int64_t{cta.batch} * p.dv_batch + int64_t{cta.head_kv} * p.dv_head;
-  T* const gdk = static_cast<T*>(p.dk) + int64_t{cta.batch} * p.dk_batch + int64_t{cta.head_kv} * p.dk_head;
+  // dV and dK (scaled) of this thread's two keys, stores of two adjacent columns: 4 bytes in T, or 8
+  // in float32 (dkv_f32: a partial the caller sums, e.g. one block of the context-parallel ring, where
+  // rounding every partial to 16 bits would add one rounding per block to the sum).
+  const int64_t dv_base = int64_t{cta.batch} * p.dv_batch + int64_t{cta.head_kv} * p.dv_head;
+  const int64_t dk_base = int64_t{cta.batch} * p.dk_batch + int64_t{cta.head_kv} * p.dk_head;
 #pragma unroll
   for (int i = 0; i < Tr::kAccRegs; i += 2) {
     const int key = key0 + 8 * ((i / 2) % 2);
     const int col = 8 * (i / 4) + 2 * t;
     if (key < p.seqlen_k) {
-      *reinterpret_cast<uint32_t*>(gdv + int64_t{key} * p.dv_seq + col) = pack2<T>(dv[i], dv[i + 1]);
-      *reinterpret_cast<uint32_t*>(gdk + int64_t{key} * p.dk_seq + col) =
-          pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
+      const int64_t ov = dv_base + int64_t{key} * p.dv_seq + col, ok = dk_base + int64_t{key} * p.dk_seq + col;
+      if (p.dkv_f32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.dv) + ov) = make_float2(dv[i], dv[i + 1]);
+        *reinterpret_cast<float2*>(static_cast<float*>(p.dk) + ok) = make_float2(dk[i] * p.scale, dk[i + 1] * p.scale);
+      } else {
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + ov) = pack2<T>(dv[i], dv[i + 1]);
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dk) + ok) = pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
+      }
     }
   }
 }
