@@ -15,11 +15,11 @@ N / time. Scaling efficiency = tokens/s at W / (W × tokens/s of ta.attention on
 one GPU). Before timing, at the smallest N, our providers' outputs are compared with the one-GPU
 ta.attention of the whole sequence (a sanity check, max |diff| <= 4 bf16 ulps of max |out|; the
 numerics rule is tests/test_distributed.py's); one that fails is FAILED and not timed. torch's CP is
-timed unchecked: its output is sharded by its own load balancer's layout (on the H100 its SDPA is
-cuDNN: torch 2.11's CP dispatches _scaled_dot_product_cudnn_attention). Every rank takes the timing
-decisions (a second warm-up call, the repeat count, the time cap) from the slowest rank's figures,
-so no rank enters a collective the others skip. Run on 4 H100s: benchmarks/results/
-2026-11-27-h100x4-context_parallel-{quick,cut}.md.
+timed unchecked: its output is sharded by its own load balancer's layout (on the H100 and H200 its
+SDPA is cuDNN: torch 2.11's CP dispatches _scaled_dot_product_cudnn_attention). Every rank takes the
+timing decisions (a second warm-up call, the repeat count, the time cap) from the slowest rank's
+figures, so no rank enters a collective the others skip. Run on 4 H100s: benchmarks/results/
+2026-11-27-h100x4-context_parallel-{quick,cut}.md; on 4 H200s: 2026-11-28-h200x4-context_parallel-{a,b}.md.
 """
 from __future__ import annotations
 
