@@ -148,7 +148,11 @@ bf16, fp16, float32; D 59 to 128; GQA) and compiled with Inductor, passed at 762
 tests again after the side-stream ring (18df875); compute-sanitizer memcheck of the merge kernel,
 0 errors (it uses no shared memory: nothing for racecheck). The own step's split (0281ec4) ran on
 the GPUs only inside the benchmark, whose check of the ring and the all-gather against one GPU
-passed at 4 ranks. Figures: benchmarks/results/2026-11-27-h100x4-*.
+passed at 4 ranks. Figures: benchmarks/results/2026-11-27-h100x4-*. On 4 H200s (nvidia-h200-x4,
+2026-11-28, at c3293f8): the GPU tests of tests/test_distributed.py (NCCL at 1, 2 and 4 ranks
+eager, with the profiler showing the wgmma backward and no Triton dK/dV kernel on every rank; two
+ranks sharing a GPU; Inductor at 2 and 4 ranks and on one shared GPU), with the high-priority twin
+group, float32 partials and the split own step; figures: benchmarks/results/2026-11-28-h200x4-*.
 """
 from __future__ import annotations
 
@@ -541,7 +545,8 @@ def _merge_into(plan: _Plan, where, out, lse, o, l) -> None:
 
 
 def _own_calls(blocks: list[_Block], nq: int) -> list[_Block]:
-    """The forward's own step (one block over every row: _steps) as two calls by query rows: rows
+    """The own step (one block over every row: _steps) as two calls by query rows (the forward's
+    here; the backward computes the second after the other steps, _ring_backward): rows
     [0, h) against keys [0, h) (causal: the local mask's first part, a quarter of the step's
     work) and rows [h, nq) against every key (causal bottom-right: row h + i sees keys <= h + i).
     Why: the first transfer and the own step's kernel become ready together at the start of a
