@@ -65,8 +65,26 @@ def _cases(device: torch.device):
                                           qd, kd),
         "ta.sdpa decode growing": _growing(lambda q, k: ta.scaled_dot_product_attention(q, k, k, enable_gqa=True),
                                            qd, kd),
+        # A training call: forward and backward through autograd (the engine's cost is in both);
+        # GQA 32/8 like a Llama layer. backend=None trains with the wgmma backward on an H100/H200.
+        "F.sdpa train": _train(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                              enable_gqa=True), device),
+        "ta.attention train": _train(lambda q, k, v: ta.attention(q, k, v, causal=True), device),
     }
     return cases
+
+
+def _train(fn, device):
+    """fn's forward and backward, q (1, 32, 128, 64) and k, v (1, 8, 128, 64) bf16 needing grad."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn((1, h, 128, 64), generator=gen, device=device, dtype=torch.bfloat16).requires_grad_()
+               for h in (32, 8, 8))
+    go = torch.randn((1, 32, 128, 64), generator=gen, device=device, dtype=torch.bfloat16)
+
+    def call():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(go)
+    return call
 
 
 def _growing(fn, q, k, layers: int = 16, steps: int = 256):
@@ -143,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--cases", default="", help="only the cases whose name holds one of these comma-separated words")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_host.py needs a CUDA device")
@@ -151,7 +170,10 @@ def main(argv=None) -> int:
     report = ["==== primitives (us per call) ===="]
     report += [f"{name:34s} {us:8.2f} us/call" for name, us in _primitives(device).items()]
     report.append("")
+    words = [w for w in args.cases.split(",") if w]
     for name, fn in _cases(device).items():
+        if words and not any(w in name for w in words):
+            continue
         try:
             us = _us_per_call(fn, args.calls, device)
         except Exception as err:  # noqa: BLE001 -- a backend missing here: say so, go on
