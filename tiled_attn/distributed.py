@@ -985,7 +985,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            D), Hq % Hkv == 0; dtypes and head dims as ta.attention. Every rank passes the same shapes.
         group: a torch.distributed ProcessGroup, None for the default one. Its backend must carry
            the tensors' device (NCCL: CUDA, with torch.cuda.set_device(this rank's GPU) called
-           first, as NCCL's P2P ops require; gloo: CPU).
+           first, as NCCL's P2P ops require; gloo: CPU). For an NCCL group whose streams are not
+           high-priority, the first ring call makes a twin of it that is (one more NCCL
+           communicator, once per group: _transfer_group).
         causal: the whole sequence's causal mask (global query i sees key j iff j <= i; then
            Nq == Nk).
         scale: defaults to 1/sqrt(D).
