@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import end_to_end as E  # noqa: E402
 from benchmarks import suite_e2e  # noqa: E402
+from benchmarks.probe_context_parallel import _measure, _union  # noqa: E402
 
 CONFIGS = {"llama-3.2-1b-shape": suite_e2e.LLAMA_3_2_1B_SHAPE, "small": suite_e2e.SMALL}
 
@@ -45,16 +46,6 @@ def kind(name: str) -> str:
     return "other"
 
 
-def _union(iv):
-    out = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return sum(e - s for s, e in out)
-
-
 def profile_step(step, device) -> dict:
     from torch.profiler import ProfilerActivity, profile
     E._sync(device)
@@ -65,7 +56,7 @@ def profile_step(step, device) -> dict:
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     iv = [(e.time_range.start, e.time_range.end) for e in kernels]
     span = (max(e for _, e in iv) - min(s for s, _ in iv)) if iv else 0.0
-    busy = _union(iv)
+    busy = _measure(_union(iv))
     by_kind: dict = {}
     by_name: dict = {}
     for e in kernels:
