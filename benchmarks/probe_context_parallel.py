@@ -139,7 +139,11 @@ def _worker(rank: int, world: int, port: int, spec: dict) -> None:
             variants["lowprio"] = (None, False)
         rows = []
         for rnd in range(spec["rounds"]):
-            for name, (fused, high) in variants.items():
+            # the variants' order rotates by round: a GPU warming up over a run (seen on 4 H200s: a
+            # round's first variant ran faster) must not favour the one that always runs first
+            order = list(variants.items())
+            order = order[rnd % len(order):] + order[:rnd % len(order)]
+            for name, (fused, high) in order:
                 D._FUSED_MERGE, D._HIGH_PRIORITY_RING = fused, high
                 D._SIGNATURES.clear()  # the ring's group is fixed at plan time
                 for pass_, call in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
@@ -257,7 +261,8 @@ def main(argv=None) -> None:
             spec = dict(n=args.n, heads=args.heads, dim=args.dim, ab=args.ab, ab_priority=args.ab_priority,
                         profile=args.profile,
                         profile_fwd=args.profile_fwd,
-                        rounds=args.rounds or (3 if args.ab or args.ab_priority else 1), repeat_s=args.repeat_s, dir=str(args.out),
+                        rounds=args.rounds or (3 if args.ab or args.ab_priority else 1), repeat_s=args.repeat_s,
+                        dir=str(args.out),
                         out=os.path.join(tmp, "rows.json"))
             mp.start_processes(_worker, args=(world, _free_port(), spec), nprocs=world, start_method="spawn")
             got = json.load(open(spec["out"]))

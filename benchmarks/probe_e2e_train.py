@@ -49,7 +49,8 @@ def kind(name: str) -> str:
 def profile_step(step, device) -> dict:
     from torch.profiler import ProfilerActivity, profile
     E._sync(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
         step()
         E._sync(device)
     events = prof.events()
@@ -94,7 +95,8 @@ def main(argv=None) -> None:
     models = {"tiled_attn": ours, "sdpa": theirs}
     samples: dict = {}
     E._pair({k: (lambda m=m: step(m)) for k, m in models.items()}, args.steps, device, warmup=2, samples=samples)
-    result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "config": args.config, "n": args.n,
+    result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+              "config": args.config, "n": args.n,
               "command": " ".join(sys.argv), "step_ms": {k: [s * 1e3 for s in v] for k, v in samples.items()},
               "profiles": {k: profile_step(lambda m=m: step(m), device) for k, m in models.items()}}
     (args.out / "probe-e2e-train.json").write_text(json.dumps(result, indent=1))

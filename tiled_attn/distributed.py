@@ -41,18 +41,20 @@ Backward (strategy "ring"): a torch.autograd.Function saves the local q, k, v an
 lse, and runs the ring again. For each K/V block the library's tiled backward
 (attention._backward_impl with backend=None's backward for these tensors: the wgmma kernel where
 attention._with_backward selects it, e.g. sm90 with D 64/128 in 16 bits, else the forward's
-backend) is given the GLOBAL out and lse, and writes float32 gradients (grad_dtype: a block's
-partial is never rounded to 16 bits before it is summed; rounded, the sum of a few partials broke
-DESIGN §4's rule on dV, 4.9e-2 against 4.4e-2 allowed, on two H200s, bf16): P recomputed from the global lse is then exactly that block of the global softmax, and delta =
-rowsum(dO·O) − dlse uses the global O, so the blocks' gradients add up to the global ones (dlse, the
-gradient of the returned lse, enters through delta). dQ accumulates locally; the K/V gradients of a
-block belong to its owner: they travel around a second ring (tag 1), each rank adding its
-contribution to the accumulator it receives before passing it on, and after world steps the
-accumulator of every rank's K/V arrives back at its owner. That transfer is posted after a step's
-compute and waited for after the next step's, so it overlaps too. Gradients accumulate and travel
-in float32 (float64 for float64): a sum of world partials rounded to 16 bits at every hop would
-lose more than the kernels do. The ring's transfers use a high-priority twin of an NCCL group
-(_transfer_group says why). Like any collective, every rank must run the backward.
+backend) is given the GLOBAL out and lse: P recomputed from the global lse is then exactly that
+block of the global softmax, and delta = rowsum(dO·O) − dlse uses the global O, so the blocks'
+gradients add up to the global ones (dlse, the gradient of the returned lse, enters through delta).
+Each block's gradients are written in float32 (grad_dtype) and summed unrounded: rounded to 16 bits
+per block, a sum of a few partials broke DESIGN §4's rule on dV (4.9e-2 against 4.4e-2 allowed,
+2 ranks on two H200s, bf16). dQ accumulates locally; the K/V gradients of a block belong to its
+owner: they travel around a second ring (tag 1), each rank adding its contribution to the sums it
+receives before passing them on, so that after world − 1 hops the other ranks' gradients of a
+rank's K/V arrive at their owner. Each transfer is posted after a step's compute and waited for
+after the next step's, and the own step is split (_own_calls): its first part runs while the
+first K/V arrive, its rest while the last sums travel home (_ring_backward), so every transfer
+overlaps compute. Gradients accumulate and travel in float32 (float64 for float64). The ring's
+transfers go through a high-priority twin of an NCCL group (_transfer_group says why). Like any
+collective, every rank must run the backward.
 
 The all-gather variant (strategy "allgather"): one dist.all_gather of K/V, reordered into the global
 sequence, then per local query chunk one ta.attention over the keys it can see (causal: the chunk's
@@ -337,7 +339,9 @@ def _transfer_group(group, staged: bool):
     members take part). Every rank creates it at the same point, the first plan of the group, right
     after the signature check that every rank runs together. Its cost is one more NCCL
     communicator (its buffers on each GPU). A group already on high-priority streams, a gloo or
-    mixed group, or _HIGH_PRIORITY_RING = False: the caller's group."""
+    mixed group, or _HIGH_PRIORITY_RING = False: the caller's group. Measured on 4 H200s at 128k
+    (benchmarks/results/2026-11-28-h200x4-probe-*): 1-5% faster calls with the twin, in an A/B
+    whose order favoured it (the probe now rotates it): not yet shown to matter."""
     if staged or not _HIGH_PRIORITY_RING or dist.get_backend(group) != "nccl":
         return group
     twin = _TWINS.get(group)
