@@ -41,7 +41,7 @@ OURS_KERNELS = ("attention_fwd_kernel", "attention_decode_kernel", "attention_me
                 "attention_fwd_d2_kernel",  # head dims such as 96 and 192, in two parts
                 "attention_fwd_ext_kernel", "attention_decode_ext_kernel",  # masks, varlen, caches
                 "attention_bwd_delta_kernel", "attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel",
-                "attention_bwd_dq_store_kernel",
+                "attention_bwd_dq_store_kernel", "attention_bwd_finish_kernel",
                 "flash_fwd_sm90", "flash_bwd_sm90_kernel")  # backend "cuda"'s wgmma kernels (H100)
 # A training step ran our backward: the Triton pair, or the wgmma kernel (backend "cuda" on an H100).
 BACKWARD_KERNELS = (("attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel"), ("flash_bwd_sm90_kernel",))

@@ -156,6 +156,49 @@ def _primitives(device: torch.device) -> dict:
     return {name: _us_per_call(fn, 500, device) for name, fn in cases.items()}
 
 
+def _train_pieces(device: torch.device) -> dict:
+    """The pieces of the training case's backward (q (1, 32, 128, 64), k, v (1, 8, 128, 64) bf16,
+    causal), each timed alone as in _primitives: the forward recording a graph (ours and F.sdpa's),
+    our backward without the autograd engine (tiled_attn.attention._backward: the plan lookup, the
+    gradients' allocations and the launches), and its launches one by one (the Triton delta and dQ
+    store kernels, the wgmma kernel's binding); where a piece is not on this device, it says so."""
+    from tiled_attn import attention as attn
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn((1, h, 128, 64), generator=gen, device=device, dtype=torch.bfloat16).requires_grad_()
+               for h in (32, 8, 8))
+    go = torch.randn((1, 32, 128, 64), generator=gen, device=device, dtype=torch.bfloat16)
+    scale = 0.125
+    with torch.no_grad():
+        out, lse = ta.attention(q, k, v, causal=True, return_lse=True)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    cases = {
+        "F.sdpa forward (grad)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        "ta.attention forward (grad)": lambda: ta.attention(q, k, v, causal=True),
+        "ta backward, no engine": lambda: attn._backward(go, qd, kd, vd, out, lse, None, scale, True, 0, "cuda",
+                                                         False),
+        "torch.empty (1,32,128) f32": lambda: torch.empty((1, 32, 128), dtype=torch.float32, device=device),
+    }
+    try:
+        from tiled_attn.cuda import _build
+        from tiled_attn.triton.attention_backward import plan_delta, plan_dq_store
+        ext = _build.load(device)
+        ws = torch.empty((1, 32, 128), dtype=torch.float32, device=device)
+        acc = torch.empty(32 * 128 * 64, dtype=torch.float32, device=device)
+        dq, dk, dv = (torch.empty_like(t) for t in (qd, kd, vd))
+        delta = plan_delta(out, go, False, False, zero_acc=True)
+        store = plan_dq_store(dq, scale, False)
+        stream = _plan.current_stream(device.index or 0)
+        cases.update({
+            "delta launch (Bound)": lambda: delta(out, go, lse, ws, acc),
+            "dq store launch (Bound)": lambda: store(acc, dq),
+            "wgmma binding": lambda: _build.call(ext.attention_bwd_sm90, qd, kd, vd, go, lse, ws, acc, dk, dv, scale,
+                                                 True, 0, 128, 1, False, stream),
+        })
+    except Exception as err:  # noqa: BLE001 -- no extension here: the rest still says something
+        print(f"train pieces: the wgmma pieces are unavailable ({type(err).__name__}: {err})")
+    return {name: _us_per_call(fn, 500, device) for name, fn in cases.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -171,6 +214,10 @@ def main(argv=None) -> int:
     report += [f"{name:34s} {us:8.2f} us/call" for name, us in _primitives(device).items()]
     report.append("")
     words = [w for w in args.cases.split(",") if w]
+    if not words or "train" in words:
+        report.append("==== the training case's pieces (us per call) ====")
+        report += [f"{name:34s} {us:8.2f} us/call" for name, us in _train_pieces(device).items()]
+        report.append("")
     for name, fn in _cases(device).items():
         if words and not any(w in name for w in words):
             continue

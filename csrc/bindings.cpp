@@ -424,11 +424,14 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
 // tiled_attn/cuda/attention_backward.py) ----
 // dq_accum (zeroed by the caller) += Σ dS k; dk, dv overwritten. q, k, v, dout as the forward's operands
 // (dout q's shape), lse and delta contiguous float32 (B, Hq, Nq), dq_accum contiguous float32
-// (B·Hq, Nq, D), dk / dv k's shape, both in q's dtype or both float32 (a caller's unrounded partials).
+// (B·Hq, Nq, D), dk / dv k's shape, both in q's dtype or both float32 (a caller's unrounded partials);
+// kv_split > 1: float32 (B, Hkv·kv_split, Nk, D), the partials of each GQA group's kv_split shares.
+// longest_first: the CTAs in key-tile-major order (BwdParams::longest_first).
 std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& dout, const torch::Tensor& lse, const torch::Tensor& delta,
                                torch::Tensor& dq_accum, torch::Tensor& dk, torch::Tensor& dv, double scale, bool causal,
-                               int64_t causal_offset, int64_t block_m, int64_t stream) {
+                               int64_t causal_offset, int64_t block_m, int64_t kv_split, bool longest_first,
+                               int64_t stream) {
   Checker chk;
   tiled_attn::AttnDtype dtype;
   // check_attention_args with dout in its `out` slot: q's shape, dtype and device.
@@ -450,8 +453,14 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                          "float32 dk and dv must be 4-D (B, H, N, D) on ", q.device(),
                          " with a contiguous last dim")
              : check_attn_operand(chk, dk, "dk", q) && check_attn_operand(chk, dv, "dv", q)) &&
-        chk.value(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(), "dk and dv must have k's shape ", k.sizes(),
-                  ", got ", dk.sizes(), " and ", dv.sizes()))) {
+        chk.value(kv_split >= 1 && (heads_q / heads_kv) % kv_split == 0 &&
+                      (kv_split == 1 || dk.scalar_type() == torch::kFloat),
+                  "kv_split must be >= 1 and divide the GQA group ", heads_q / heads_kv,
+                  " (above 1 with float32 dk and dv), got ", kv_split) &&
+        chk.value(dk.dim() == 4 && dk.sizes() == dv.sizes() && dk.size(0) == batch &&
+                      dk.size(1) == heads_kv * kv_split && dk.size(2) == seqlen_k && dk.size(3) == head_dim,
+                  "dk and dv must have k's shape ", k.sizes(), " with ", kv_split, " times its heads, got ",
+                  dk.sizes(), " and ", dv.sizes()))) {
     return chk.error();
   }
   if (!chk.value(seqlen_q > 0 && seqlen_k > 0 && batch > 0 && heads_q > 0,
@@ -466,7 +475,8 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
                                               heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, attn_strides(q),
                                               attn_strides(k), attn_strides(v), attn_strides(dout), attn_strides(dk),
                                               attn_strides(dv), static_cast<float>(scale), causal, causal_offset,
-                                              block_m, dk.scalar_type() == torch::kFloat, as_stream(stream)),
+                                              block_m, dk.scalar_type() == torch::kFloat, kv_split,
+                                              longest_first, as_stream(stream)),
                "CUDA wgmma attention backward kernel");
   return chk.error();
 }
@@ -755,7 +765,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "('': none)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("lse"), py::arg("delta"),
         py::arg("dq_accum"), py::arg("dk"), py::arg("dv"), py::arg("scale"), py::arg("causal"),
-        py::arg("causal_offset"), py::arg("block_m"), py::arg("stream"));
+        py::arg("causal_offset"), py::arg("block_m"), py::arg("kv_split"),
+        py::arg("longest_first"), py::arg("stream"));
   m.def("attention_bwd_sm90_head_dim_supported", &tiled_attn::attention_bwd_sm90_head_dim_supported,
         py::arg("head_dim"));
   m.attr("has_attention_sm90") = true;

@@ -253,6 +253,8 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
     outputs. backend="cuda": the same cases at the wgmma backward's head dims and dtypes (64, 128;
     fp16, bf16), which is what backend "cuda" runs there on an H100."""
     from test_attention_backward import _check
+    from tiled_attn.cuda import attention_backward as cb
+    planned = cb.schedule  # the planner's own (kinds other than "split")
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 300), (257, 128), (200, 200))
     heads = ((2, 2), (6, 2), (3, 1))
@@ -260,11 +262,14 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
     kinds = ((torch.bfloat16, 40), (torch.bfloat16, 128), (torch.float16, 64), (torch.float16, 256),
              (torch.float32, 40), (torch.float32, 128), (torch.float32, 256))
     if backend == "cuda":  # block_m 64 and 128 at D = 64 (the kernel's two tiles; 128 is D = 64's only);
-        # "f32": float32 dK / dV stores (grad_dtype, the context-parallel ring's partials)
+        # "f32": float32 dK / dV stores (grad_dtype, the context-parallel ring's partials); "split": the
+        # schedule forced to every group split to one query head per CTA, key-tile-major (the finish
+        # kernel sums the partials; the planner's own choice runs in the other kinds)
         kinds = ((torch.bfloat16, 64, 64), (torch.float16, 64, 128), (torch.float16, 128, 64),
-                 (torch.bfloat16, 128, 64), (torch.bfloat16, 64, 128, "f32"), (torch.float16, 128, 64, "f32"))
+                 (torch.bfloat16, 128, 64), (torch.bfloat16, 64, 128, "f32"), (torch.float16, 128, 64, "f32"),
+                 (torch.float16, 64, 128, "split"), (torch.bfloat16, 128, 64, "split"))
     if dtypes:
-        kinds = tuple((dt, d) for dt, d in kinds if dt in [DTYPES[n] for n in dtypes])
+        kinds = tuple(kind for kind in kinds if kind[0] in [DTYPES[n] for n in dtypes])
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
         shapes, heads = ((17, 33), (257, 128)), ((6, 2),)
     for kind, (nq, nk), (hq, hkv), causal, layout in itertools.product(
@@ -275,8 +280,10 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
         what = f"attention backward {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype} {layout}"
         if len(kind) >= 3:  # the wgmma backward's tile: its config row, and no plan made with another
             configs.CUDA_ATTENTION_BACKWARD[("sm90", d)] = {"kernel": "wgmma", "block_m": kind[2]}
+            # "split": (kv_split = the whole group, longest_first)
+            cb.schedule = (lambda *args: (args[2], True)) if kind[3:] == ("split",) else planned
             _plan.clear_all()
-            what += f" block_m={kind[2]}" + (" float32 partials" if len(kind) == 4 else "")
+            what += f" block_m={kind[2]}" + {("f32",): " float32 partials", ("split",): " split groups"}.get(kind[3:], "")
         with res.case("attention backward", what):
             def draw(h, n):
                 t = torch.randn((1, n, h, d) if layout == "bnhd" else (1, h, n, d), generator=gen)
@@ -285,7 +292,7 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
             q, k, v = draw(hq, nq), draw(hkv, nk), draw(hkv, nk)
             out, lse = ta.attention(q, k, v, causal=causal, backend=backend, return_lse=True)
             dout = torch.randn(out.shape, generator=gen).to(dtype).to(DEVICE)
-            if len(kind) == 4:
+            if kind[3:] == ("f32",):
                 from tiled_attn.attention import _backward_impl
                 grads = _backward_impl(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None,
                                        1.0 / math.sqrt(d), causal, nk - nq, backend, False, grad_dtype=torch.float32)
@@ -294,6 +301,7 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
             else:
                 grads = torch.autograd.grad(out, (q, k, v), dout)
             _check(grads, q, k, v, dout, None, causal, None, nk - nq, seed, what)
+    cb.schedule = planned
 
 
 def run_big(res: Results, seed: int):

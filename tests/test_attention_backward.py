@@ -950,6 +950,98 @@ def test_wgmma_backward(shape, causal, heads, dtype, d, block_m, monkeypatch, se
     _check(grads, q, k, v, go, gl, causal, None, shape[1] - shape[0], seed, what)
 
 
+# (kv_split, longest_first) forced on the wgmma backward (tiled_attn/cuda/attention_backward.py
+# `schedule`): the GQA group split among CTAs (float32 partial dK / dV summed by the finish kernel) and
+# the key-tile-major launch order, alone and together.
+WGMMA_SCHEDULES = [(1, True), (2, False), (2, True), (4, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("split,longest_first", WGMMA_SCHEDULES, ids=[f"split{s}-{'lf' if f else 'x'}"
+                                                                      for s, f in WGMMA_SCHEDULES])
+def test_wgmma_backward_schedules(split, longest_first, d, monkeypatch, seed):
+    """B = 2, Hq = 8 over Hkv = 2, Nq = 300 against Nk = 517 (bottom-right causal, ragged tiles both
+    ways) and a non-causal call, each schedule forced: the gradients meet the rule, the finish kernel
+    ran exactly when the group is split, and dK / dV are bitwise the same in a second run (the
+    partials summed in a fixed order)."""
+    from torch.profiler import ProfilerActivity, profile
+    from tiled_attn.cuda import attention_backward as cb
+    dtype = torch.bfloat16
+    device = _require("cuda", dtype, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, 8, 2, 300, 517, d, dtype, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    monkeypatch.setattr(cb, "schedule", lambda *args: (split, longest_first))
+    go = randn(q.shape, dtype, device, gen)
+    for causal in (True, False):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            grads = _ours(q, k, v, go, causal=causal, backend="cuda")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
+        assert any("attention_bwd_finish_kernel" in n for n in names) == (split > 1), sorted(set(names))
+        what = f"cuda-wgmma split={split} longest_first={longest_first} D={d} causal={causal}"
+        _check(grads, q, k, v, go, None, causal, None, 517 - 300, seed, what)
+        again = _ours(q, k, v, go, causal=causal, backend="cuda")
+        for name, a, b in zip(("dk", "dv"), grads[1:], again[1:]):
+            assert torch.equal(a, b), f"[{what}] {name} differs between two runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+def test_wgmma_backward_splits_a_small_gqa_grid(seed):
+    """Unforced, the Llama-3.2-1B training shape (B = 1, 32 / 8 heads, D = 64, N = 2048, causal: 128
+    CTAs on an H100's 132 SMs) plans a split group, and its gradients meet the rule."""
+    from torch.profiler import ProfilerActivity, profile
+    dtype, d = torch.bfloat16, 64
+    device = _require("cuda", dtype, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(1, 32, 8, 2048, 2048, d, dtype, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    go = randn(q.shape, dtype, device, gen)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads = _ours(q, k, v, go, causal=True, backend="cuda")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
+    assert any("attention_bwd_finish_kernel" in n for n in names), sorted(set(names))
+    _check(grads, q, k, v, go, None, True, None, 0, seed, "cuda-wgmma Llama-1B shape, planned split")
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=DT.get)
+def test_finish_kernel_sums_partials(splits, dtype, seed):
+    """attention_bwd_finish_kernel (under the interpreter on a CPU): dq = scale · accumulator and dk,
+    dv = the sums of their float32 partials, into non-contiguous outputs (ragged key and query
+    tiles), nothing written past them; and the delta kernel's ZERO_ACC zeroes a NaN-filled
+    accumulator."""
+    from tiled_attn.triton.attention_backward import plan_delta, plan_finish
+    device = _require("triton", dtype, 64)
+    gen = torch.Generator().manual_seed(seed)
+    b, hq, hkv, n_q, n_k, d = 2, 6, 2, 70, 83, 40
+    scale = 0.3
+    acc = randn((b * hq * n_q * d,), torch.float32, device, gen)
+    part = randn((2, b, hkv * splits, n_k, d), torch.float32, device, gen)
+    dq = torch.full((b, n_q, hq, d), float("nan"), dtype=dtype, device=device).transpose(1, 2)
+    dk, dv = (torch.full((b, n_k, hkv, d + 8), float("nan"), dtype=dtype, device=device)[..., :d].transpose(1, 2)
+              for _ in range(2))
+    plan_finish(dq, dk, dv, scale, splits, False, upcast=dtype == torch.bfloat16)(acc, dq, part, dk, dv)
+    sums = part.view(2, b, hkv, splits, n_k, d).sum(3)
+    torch.testing.assert_close(dq.float(), (scale * acc).view(b, hq, n_q, d).to(dtype).float(), rtol=0, atol=0)
+    for name, got, want in (("dk", dk, sums[0]), ("dv", dv, sums[1])):
+        torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=1e-6, atol=1e-6, msg=name)
+    out, go = (randn((b, hq, n_q, d), dtype, device, gen) for _ in range(2))
+    ws = torch.empty(b * hq * n_q, dtype=torch.float32, device=device)
+    acc.fill_(float("nan"))
+    plan_delta(out, go, False, False, zero_acc=True)(out, go, ws, ws, acc)
+    assert torch.equal(acc, torch.zeros_like(acc))
+    torch.testing.assert_close(ws.view(b, hq, n_q), (out.float() * go.float()).sum(-1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_GRID, reason="backend=None's backward on an H100")
 @pytest.mark.parametrize("d", [64, 128])

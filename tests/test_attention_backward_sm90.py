@@ -18,7 +18,7 @@ import torch
 from helpers import HAS_CUDA, assert_none_without_interpreter, sm90a_build_problem
 
 HEAD_DIMS = (40, 64, 96, 128, 224, 256)
-_FP32_ARGS = ("Lse", "Delta", "DLse", "DQacc")
+_FP32_ARGS = ("Lse", "Delta", "DLse", "DQacc", "Part")
 _SCALARS = ("qk_scale", "sm_scale")
 
 
@@ -26,7 +26,8 @@ def _builds(which: str = "shipped") -> list:
     """(label, kernel, dtype, constexprs, options) of every backward build to check."""
     from tiled_attn.triton import attention_backward as tb
     from tiled_attn.triton.attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel,
-                                                 attention_bwd_dq_kernel, attention_bwd_dq_store_kernel)
+                                                 attention_bwd_dq_kernel, attention_bwd_dq_store_kernel,
+                                                 attention_bwd_finish_kernel)
     kernels = {"dkdv": attention_bwd_dkdv_kernel, "dq": attention_bwd_dq_kernel}
     out, seen = [], set()
 
@@ -49,7 +50,11 @@ def _builds(which: str = "shipped") -> list:
                                      tb.launch_constants(q, name, False, causal, "sm90", atomic)))
                 block_d = max(16, 1 << (d - 1).bit_length())
                 add(f"delta {dt} D={d}", attention_bwd_delta_kernel, dt,
-                    dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, HAS_DLSE=True, WIDE=False, num_warps=4))
+                    dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, HAS_DLSE=True, WIDE=False, ZERO_ACC=True,
+                         num_warps=4))
+                add(f"finish {dt} D={d}", attention_bwd_finish_kernel, dt,
+                    dict(SPLITS=4, BLOCK_M=64, BLOCK_N=max(8, min(64, 2048 // block_d)), HEAD_DIM=d,
+                         BLOCK_D=block_d, WIDE=False, num_warps=4))
                 add(f"dq store {dt} D={d}", attention_bwd_dq_store_kernel, dt,
                     dict(BLOCK_M=64, HEAD_DIM=d, BLOCK_D=block_d, WIDE=False, num_warps=4))
     else:

@@ -39,14 +39,18 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_backward_kernel_in_the_emulator(emulator, head_dim):
     """Eight cases per tile: block_m 64, and at D = 64 also 128; two more with float32 dK / dV
-    (BwdParams::dkv_f32, the shipped tile)."""
+    (BwdParams::dkv_f32, the shipped tile), and two with the GQA group split among CTAs (kv_split:
+    float32 partials, summed by the emulator); those four with the CTAs in key-tile-major order
+    (longest_first, "lf")."""
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
-    runs = (16 if head_dim == 64 else 8) + 2
+    runs = (16 if head_dim == 64 else 8) + 4
     assert re.search(rf"^0 of {runs} cases failed$", out, re.M), out[-3000:]
     assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=", out, re.M)) == runs, out[-3000:]
-    assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=\s*\d+ (?:bf16|fp16) dkv=f32 ", out, re.M)) == 2, out[-3000:]
+    assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=\s*\d+ (?:bf16|fp16) dkv=f32 lf B", out, re.M)) == 2, out[-3000:]
+    assert len(re.findall(rf"^ok   D=\s*{head_dim} bm=\s*\d+ (?:bf16|fp16) dkv=f32 kv_split=[23] lf ", out, re.M)) == 2, \
+        out[-3000:]
     if head_dim == 64:
-        assert len(re.findall(r"^ok   D=\s*64 bm=128 ", out, re.M)) == 10, out[-3000:]
+        assert len(re.findall(r"^ok   D=\s*64 bm=128 ", out, re.M)) == 12, out[-3000:]
 
 
 # A planted bug and what the emulator must report for it. short_count: the slot-release mbarriers count
@@ -76,3 +80,32 @@ def test_emulator_catches_a_planted_synchronization_bug(emulator, head_dim, muta
     tag = f"[seed={seed}; {reproduce_hint()}]"
     assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (tag, out_ok[-3000:])
     assert rc_bad == 1 and re.search(rf"^FAIL D=.*: .*({MUTATIONS[mutate]})", out_bad, re.M), (tag, out_bad[-3000:])
+
+
+# (B, Hkv, group, N, D, block_m, causal) -> the planned (kv_split, longest_first) on 132 SMs.
+SCHEDULES = [
+    ((1, 8, 4, 2048, 64, 128, True), (2, True)),    # the Llama-3.2-1B training step: 128 CTAs, causal
+    ((1, 8, 4, 2048, 128, 64, True), (2, True)),
+    ((1, 8, 4, 1024, 64, 128, True), (4, True)),
+    ((2, 8, 4, 2048, 64, 128, True), (1, True)),    # two waves: the order alone
+    ((1, 8, 4, 2048, 64, 128, False), (1, False)),  # equal CTAs: nothing to gain
+    ((4, 8, 4, 2048, 64, 128, True), (1, False)),   # four waves: the plain launch
+    ((1, 32, 1, 4096, 64, 128, True), (1, False)),  # MHA, many CTAs
+]
+
+
+@pytest.mark.parametrize("shape,expected", SCHEDULES, ids=[str(s) for s, _ in SCHEDULES])
+def test_schedule_model(shape, expected):
+    """The planner's schedule (tiled_attn/cuda/attention_backward.py): a split group and key-tile-major
+    order where the grid is about one CTA per SM under a causal mask, the plain launch elsewhere."""
+    from tiled_attn.cuda.attention_backward import schedule
+    b, hkv, group, n, d, block_m, causal = shape
+    assert schedule(b, hkv, group, n, n, block_m, causal, 0, 132, 3.5, 2, d) == expected
+
+
+def test_makespan_model():
+    """The block-scheduler simulation: CTAs start in order on the first free SM."""
+    from tiled_attn.cuda.attention_backward import _makespan
+    assert _makespan([4, 1, 1, 1, 1], 2) == 4
+    assert _makespan([1, 1, 1, 1, 4], 2) == 6
+    assert _makespan([3, 3, 3], 5) == 3

@@ -443,9 +443,15 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, causal_offset, backend, lse_grad, deterministic, mods=None,
                 *extras):
-        # backend: one name, or (forward's, backward's) from a plan's `backends` (backend=None).
-        backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
-        out, lse = _forward(q, k, v, scale, causal, causal_offset, backend, mods, extras)
+        # backend: one name, (forward's, backward's) from a plan's `backends` (backend=None), or an
+        # eager call's AttentionPlan, whose forward runs here without a second plan lookup.
+        if isinstance(backend, AttentionPlan):
+            plan, backend = backend, backend.backends
+            out, lse = plan.forward(q, k, v, *extras)
+            backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
+        else:
+            backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
+            out, lse = _forward(q, k, v, scale, causal, causal_offset, backend, mods, extras)
         ctx.save_for_backward(q, k, v, out, lse, *extras)
         ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, bwd_backend
         ctx.lse_grad, ctx.deterministic, ctx.mods, ctx.n_extras = lse_grad, deterministic, mods, len(extras)
@@ -456,12 +462,14 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, *extras = ctx.saved_tensors
+        args = (grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None, ctx.scale, ctx.causal,
+                ctx.causal_offset, ctx.backend, ctx.deterministic, ctx.mods, tuple(extras))
+        if not torch.is_grad_enabled():  # the engine's default (create_graph=False)
+            return tuple(_backward(*args)) + (None,) * (7 + ctx.n_extras)
         with torch.no_grad():
-            dq, dk, dv = _backward(grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None,
-                                   ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend, ctx.deterministic,
-                                   ctx.mods, tuple(extras))
-        if torch.is_grad_enabled():  # create_graph=True: a double backward must raise, not be wrong
-            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, grad_out)
+            dq, dk, dv = _backward(*args)
+        # create_graph=True: a double backward must raise, not be wrong
+        dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, grad_out)
         return (dq, dk, dv, None, None, None, None, None, None, None) + (None,) * ctx.n_extras
 
 
@@ -552,8 +560,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                 return plan.infer(q, k, v)
             out, lse = plan.forward(q, k, v)
         else:
-            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backends, return_lse,
-                                        deterministic)
+            out, lse = _Attention.apply(q, k, v, plan.scale, causal, offset, plan, return_lse, deterministic)
     else:
         out, lse = _traced(q, k, v, scale, causal, offset, return_lse, backend, deterministic)
     return (out, lse) if return_lse else out
@@ -568,7 +575,7 @@ def _attention_mods(q, k, v, scale, causal, offset: int, need_lse: bool, backend
     plan = _plan_for(q, k, v, scale, causal, offset, need_lse, backend, mods)
     if not _grad_needed(q, k, v):
         return plan.forward(q, k, v, *extras)
-    return _Attention.apply(q, k, v, plan.scale, causal, offset, plan.backend, need_lse, deterministic, mods,
+    return _Attention.apply(q, k, v, plan.scale, causal, offset, plan, need_lse, deterministic, mods,
                             *extras)
 
 
@@ -695,7 +702,7 @@ class _SdpaPlan:
             query, key, value = (t.reshape(s) for t, s in zip((query, key, value), self.shape4))
         plan = self.attention
         if self.grad and plan.native_kw is None:
-            out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan.backends, False, False)[0]
+            out = _Attention.apply(query, key, value, plan.scale, self.causal, 0, plan, False, False)[0]
         else:
             out = plan.infer(query, key, value)
         return out if self.shape4 is None else out.reshape(self.out_shape)

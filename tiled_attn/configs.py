@@ -925,10 +925,25 @@ TRITON_ATTENTION_BACKWARD_DELTA = {"BLOCK_M": 64, "num_warps": 4}
 #            163 / 234 / 270; the Triton backward 249 / 265 / 275, causal 203 / 270 / 286.
 #   D = 128: block_m 64 308 / 390 / 412, causal 221 / 337 / 404; Triton 224 / 265 / 263, causal
 #            203 / 281 / 314.
+# "tile_us": one query tile's step of one CTA (5 products of block_m x 128 x D), from those rates
+# (10.5 MFLOP at 362 and 412 TFLOP/s over 132 SMs): the unit of the schedule model below.
 CUDA_ATTENTION_BACKWARD: dict = {
-    ("sm90", 64): {"kernel": "wgmma", "block_m": 128},
-    ("sm90", 128): {"kernel": "wgmma", "block_m": 64},
+    ("sm90", 64): {"kernel": "wgmma", "block_m": 128, "tile_us": 3.8},
+    ("sm90", 128): {"kernel": "wgmma", "block_m": 64, "tile_us": 3.4},
 }
+# The schedule of the wgmma backward's grid (tiled_attn/cuda/attention_backward.py `schedule`). A CTA
+# walks every query head of its kv head's group, so a grid of about one CTA per SM (B·Hkv·Nk/128 small:
+# the Llama-1B training step at N = 2048 is 128 CTAs on 132 SMs, causal) runs as long as its longest
+# CTA: 65 tiles where the average is 35 (H200 profile, 2026-11-28: 3.84 ms of backward against cuDNN's
+# 2.76 in a 16-layer step). Two remedies, chosen together: split each group among `kv_split` CTAs
+# (float32 partial dK / dV, summed afterwards), and launch the CTAs key-tile-major (longest_first: the
+# longest causal walks first, where x-fastest order starts some slots' last). The planner simulates the
+# block scheduler (CTAs in launch order, one per SM, each as long as its tiles plus "cta_tiles" for K / V
+# loads and the epilogue) for each divisor of the group and each order, adds the partials' traffic at
+# "reduce_gbps", and takes the fastest, a change only where it gains "min_gain" of the time; grids of
+# more than "max_waves" CTAs per SM keep the plain launch (there the schedule costs a few percent, and
+# the x-fastest order keeps one head's Q / dO shared in L2 by the CTAs resident together).
+CUDA_ATTENTION_BACKWARD_SPLIT = {"cta_tiles": 1.0, "reduce_gbps": 2500.0, "min_gain": 0.1, "max_waves": 2}
 
 # ---------------------------------------------------------------------------------------------
 # CUDA attention (csrc/attention/) — owned by that module's author.

@@ -49,6 +49,8 @@ using emu_cases::to_bits;
 
 int g_block_m = 64;  // the tile of the case being run (attention_bwd_sm90's block_m)
 bool g_dkv_f32 = false;  // dk / dv as float32 (BwdParams::dkv_f32: the ring's unrounded partials)
+int g_kv_split = 1;      // > 1 (with g_dkv_f32): the GQA group split, dk / dv partials summed here
+bool g_longest_first = false;  // BwdParams::longest_first (with the float32 and split cases)
 
 // The dynamic shared memory's base and the lagging warpgroup of a case (as the forward's case_run):
 // the producer or a consumer lags in half the cases (TILED_ATTN_EMU_LAG=W: warpgroup W in every case,
@@ -65,13 +67,17 @@ std::string prepare(std::mt19937& rng) {
 }
 
 // q, k, v, dout laid out (B, N, H, D) with the seq stride padded (non-contiguous views); dk, dv
-// (B, Hkv, Nk, D) with a padded seq stride; dq_accum (B·Hq, Nq, D) contiguous; guards around each.
+// (B, Hkv·kv_split, Nk, D) with a padded seq stride; dq_accum (B·Hq, Nq, D) contiguous; guards around each.
+// With g_kv_split > 1 the reference is compared with the sum of a kv head's partials.
 template <typename T>
 bool run_case(const Case& c, std::mt19937& rng) {
   const int pad = 8, guard = 64;
   const int64_t q_seq = int64_t{c.hq} * c.d + pad, k_seq = int64_t{c.hkv} * c.d + pad;
   const int64_t q_batch = int64_t{c.nq} * q_seq, k_batch = int64_t{c.nk} * k_seq;
-  const int64_t g_seq = c.d + pad, g_head = int64_t{c.nk} * g_seq, g_batch = int64_t{c.hkv} * g_head;
+  const int split = g_kv_split;
+  const int64_t g_seq = c.d + pad, g_head = int64_t{c.nk} * g_seq, g_batch = int64_t{c.hkv} * split * g_head;
+  const int64_t r_batch = int64_t{c.hkv} * g_head;  // the reference dk / dv: (B, Hkv, Nk, D), padded rows
+  const size_t r_elems = static_cast<size_t>(c.b) * r_batch;
   const size_t q_elems = static_cast<size_t>(c.b) * q_batch, k_elems = static_cast<size_t>(c.b) * k_batch;
   const size_t g_elems = static_cast<size_t>(c.b) * g_batch;
   const size_t dq_elems = static_cast<size_t>(c.b) * c.hq * c.nq * c.d;
@@ -151,11 +157,11 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const cudaError_t err = tiled_attn::attention_bwd_sm90(
       c.bf16 ? tiled_attn::AttnDtype::kBFloat16 : tiled_attn::AttnDtype::kFloat16, qp, kp, vp, dop, lse, delta,
       dq_accum.data() + guard, dkp, dvp, c.b, c.hq, c.hkv, c.nq, c.nk, c.d, qs, ks, ks, qs,
-      gs, gs, static_cast<float>(scale), c.causal, c.offset, g_block_m, g_dkv_f32, nullptr);
+      gs, gs, static_cast<float>(scale), c.causal, c.offset, g_block_m, g_dkv_f32, split, g_longest_first, nullptr);
   if (err != cudaSuccess) emu::fail("attention_bwd_sm90 returned " + std::to_string(static_cast<int>(err)));
 
   // The gradients in float64 from the same lse and delta: P = exp(s − lse), dS = P (dout·v − delta).
-  std::vector<double> rdq(dq_elems, 0.0), rdk(g_elems, 0.0), rdv(g_elems, 0.0);
+  std::vector<double> rdq(dq_elems, 0.0), rdk(r_elems, 0.0), rdv(r_elems, 0.0);
   for (int b = 0; b < c.b; ++b) {
     for (int h = 0; h < c.hq; ++h) {
       const int hk = h / group;
@@ -168,7 +174,7 @@ bool run_case(const Case& c, std::mt19937& rng) {
           double dp = 0;
           for (int e = 0; e < c.d; ++e) dp += DO(b, h, i, e) * V(b, hk, j, e);
           const double ds = p * (dp - static_cast<double>(delta[r]));
-          const size_t g = static_cast<size_t>(b) * g_batch + hk * g_head + static_cast<size_t>(j) * g_seq;
+          const size_t g = static_cast<size_t>(b) * r_batch + hk * g_head + static_cast<size_t>(j) * g_seq;
           for (int e = 0; e < c.d; ++e) {
             rdv[g + e] += p * DO(b, h, i, e);
             rdk[g + e] += scale * ds * Q(b, h, i, e);
@@ -199,9 +205,13 @@ bool run_case(const Case& c, std::mt19937& rng) {
     for (int h = 0; h < c.hkv; ++h)
       for (int j = 0; j < c.nk; ++j)
         for (int e = 0; e < c.d; ++e) {
-          const size_t x = static_cast<size_t>(b) * g_batch + h * g_head + static_cast<size_t>(j) * g_seq + e;
-          const double gk = g_dkv_f32 ? dk32[guard + x] : emu::to_double<T>(dk[guard + x]);
-          const double gv = g_dkv_f32 ? dv32[guard + x] : emu::to_double<T>(dv[guard + x]);
+          const size_t x = static_cast<size_t>(b) * r_batch + h * g_head + static_cast<size_t>(j) * g_seq + e;
+          double gk = 0, gv = 0;
+          for (int sp = 0; sp < split; ++sp) {  // partial sp of kv head h: head h·split + sp
+            const size_t y = static_cast<size_t>(b) * g_batch + (h * split + sp) * g_head + static_cast<size_t>(j) * g_seq + e;
+            gk += g_dkv_f32 ? dk32[guard + y] : emu::to_double<T>(dk[guard + y]);
+            gv += g_dkv_f32 ? dv32[guard + y] : emu::to_double<T>(dv[guard + y]);
+          }
           if (!(std::fabs(gk - rdk[x]) <= 1e30)) emu::fail(where("dk not finite (unwritten?)", b, h, j, e));
           if (!(std::fabs(gv - rdv[x]) <= 1e30)) emu::fail(where("dv not finite (unwritten?)", b, h, j, e));
           err_dk = std::max(err_dk, std::fabs(gk - rdk[x]));
@@ -233,9 +243,10 @@ bool run_case(const Case& c, std::mt19937& rng) {
   const double rel_dq = err_dq / std::max(max_dq, 1e-3), rel_dk = err_dk / std::max(max_dk, 1e-3),
                rel_dv = err_dv / std::max(max_dv, 1e-3);
   const bool ok = rel_dq <= tol && rel_dk <= tol && rel_dv <= tol;
-  std::printf("%s D=%3d bm=%3d %s%s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
+  std::printf("%s D=%3d bm=%3d %s%s%s%s B=%d Hq=%d Hkv=%d Nq=%4d Nk=%4d causal=%d offset=%5lld scale=%+.3f %s  "
               "max|err|/max|ref|: dq=%.2e dk=%.2e dv=%.2e  (max|ref| dq=%.2e dk=%.2e dv=%.2e)\n",
-              ok ? "ok  " : "FAIL", c.d, g_block_m, c.bf16 ? "bf16" : "fp16", g_dkv_f32 ? " dkv=f32" : "", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
+              ok ? "ok  " : "FAIL", c.d, g_block_m, c.bf16 ? "bf16" : "fp16", g_dkv_f32 ? " dkv=f32" : "",
+              split > 1 ? (" kv_split=" + std::to_string(split)).c_str() : "", g_longest_first ? " lf" : "", c.b, c.hq, c.hkv, c.nq, c.nk, c.causal,
               static_cast<long long>(c.offset), scale, extra.c_str(), rel_dq, rel_dk, rel_dv, max_dq, max_dk, max_dv);
   std::fflush(stdout);
   return ok;
@@ -267,11 +278,18 @@ int main(int argc, char** argv) {
   }
   int failed = 0, ran = 0;
   for (const Case& c : cases) {
-   for (int block_m : {64, 128, 0}) {  // D = 64 has both tiles; 0: float32 dk / dv (two cases a head dim)
+   // D = 64 has both tiles; 0: float32 dk / dv (two cases a head dim); -1: the GQA group split among
+   // CTAs (the two cases with a group above 1, the group's size: every CTA one query head).
+   for (int block_m : {64, 128, 0, -1}) {
     const size_t at = static_cast<size_t>(&c - cases.data()) % 8;
-    if ((block_m == 128 && c.d != 64) || (block_m == 0 && at != 2 && at != 4)) continue;
-    g_dkv_f32 = block_m == 0;
-    g_block_m = block_m == 0 ? (c.d == 64 ? 128 : 64) : block_m;
+    if ((block_m == 128 && c.d != 64) || (block_m == 0 && at != 2 && at != 4) ||
+        (block_m == -1 && at != 2 && at != 5)) {
+      continue;
+    }
+    g_dkv_f32 = block_m <= 0;
+    g_kv_split = block_m == -1 ? c.hq / c.hkv : 1;
+    g_longest_first = block_m <= 0;
+    g_block_m = block_m <= 0 ? (c.d == 64 ? 128 : 64) : block_m;
     ++ran;
     try {
       const bool ok = c.bf16 ? run_case<__nv_bfloat16>(c, rng) : run_case<__half>(c, rng);

@@ -9,12 +9,19 @@ with float32 atomics, whose order varies between runs), every operand's strides 
 rule (a base address off it: that operand is copied for the call), and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its
 "block_m": the kernel's query rows per step).
 
-One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient), a
-zeroed float32 (B·Hq, Nq, D) dQ accumulator, the wgmma kernel (dK and dV written, dQ accumulated),
-then dq = scale · accumulator (the Triton store kernel of the atomic dQ mode). Extra memory: delta
+One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient and zeroes
+the float32 (B·Hq, Nq, D) dQ accumulator), the wgmma kernel (dK and dV written, dQ accumulated), then
+dq = scale · accumulator (the Triton store kernel of the atomic dQ mode). Extra memory: delta
 (B·Hq·Nq floats) and the accumulator (B·Hq·Nq·D floats), as the Triton atomic mode; no N×N tensor.
+A small grid with GQA (`schedule`: about one CTA per SM, as a batch-1 training step of a GQA model)
+splits each group's query heads among CTAs; the kernel then writes float32 partial dK / dV
+(kv_split·B·Hkv·Nk·D floats each, only for grids of at most CUDA_ATTENTION_BACKWARD_SPLIT["max_waves"]
+CTAs per SM, so bounded by a constant times the SM count) and the store kernel
+(attention_bwd_finish_kernel) sums them in a fixed order.
 """
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -23,7 +30,7 @@ from .._plan import current_stream as _stream
 from . import _build
 from .attention import reads_in_place
 
-__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected"]
+__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected", "schedule"]
 
 # What csrc/attention/sm90/flash_bwd_sm90_hdim*.cu instantiate (BwdHeadDims in flash_bwd_sm90.cu).
 BWD_HEAD_DIMS = (64, 128)
@@ -68,6 +75,51 @@ def covers(q, k, v, out, grad_out, dq, dk, dv, deterministic: bool, mods) -> boo
     return bool(getattr(ext, "has_attention_sm90", False)) and hasattr(ext, "attention_bwd_sm90")
 
 
+def _makespan(lengths: list, sms: int) -> float:
+    """When the last CTA ends, CTAs of these lengths started in order, each on the first SM to free."""
+    free = [0.0] * min(sms, len(lengths))
+    heapq.heapify(free)
+    end = 0.0
+    for t in lengths:
+        done = heapq.heappop(free) + t
+        end = max(end, done)
+        heapq.heappush(free, done)
+    return end
+
+
+def schedule(batch: int, heads_kv: int, group: int, n_q: int, n_k: int, block_m: int, causal: bool,
+             causal_offset: int, sms: int, tile_us: float, elem_bytes: int, head_dim: int) -> tuple:
+    """(kv_split, longest_first) for a call: how many CTAs share each GQA group's query heads (a divisor
+    of `group`) and whether the CTAs run key-tile-major, by the schedule model of
+    configs.CUDA_ATTENTION_BACKWARD_SPLIT. CTA x of a (batch, virtual head) walks the query tiles that
+    see its 128 keys (causal: from the tile of query n0 − causal_offset on) of group / split heads; the
+    launch order is x fastest, or (longest_first) x slowest, which starts every slot's longest causal
+    walk first."""
+    cfg = configs.CUDA_ATTENTION_BACKWARD_SPLIT
+    n_blocks = -(-n_k // 128)
+    if batch * heads_kv * n_blocks > cfg["max_waves"] * sms:
+        return 1, False
+    m_tiles = -(-n_q // block_m)
+    per_head = []
+    for x in range(n_blocks):
+        first = min(max(x * 128 - causal_offset, 0), n_q) if causal else 0
+        per_head.append(m_tiles - first // block_m)
+    best, best_us = (1, False), None
+    for split in (s for s in range(1, group + 1) if group % s == 0):
+        row = [t * (group // split) + cfg["cta_tiles"] for t in per_head]
+        slots = batch * heads_kv * split
+        extra = 0.0
+        if split > 1:  # the partials: written float32, read back, the sums written in the dtype
+            elems = 2 * batch * heads_kv * n_k * head_dim
+            extra = elems * (8 * split + elem_bytes) / (cfg["reduce_gbps"] * 1e3)
+        for longest_first in ((False, True) if causal else (False,)):
+            order = [t for t in row for _ in range(slots)] if longest_first else row * slots
+            us = _makespan(order, sms) * tile_us + extra
+            if best_us is None or us < best_us * (1 - cfg["min_gain"]):
+                best, best_us = (split, longest_first), us
+    return best
+
+
 def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
                   has_dlse: bool, deterministic: bool = False, mods=None):
     """run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv) for this signature, or None where the
@@ -75,30 +127,44 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     if not covers(q, k, v, out, grad_out, dq, dk, dv, deterministic, mods):
         return None
     from ..triton.attention import WIDE_STRIDE
-    from ..triton.attention_backward import plan_delta, plan_dq_store
+    from ..triton.attention_backward import plan_delta, plan_dq_store, plan_finish
     b, hq, n_q, d = q.shape
-    n_k = k.shape[2]
+    hkv, n_k = k.shape[1], k.shape[2]
     device = q.device
     wide = max(max(t.stride()) for t in (out, grad_out, dq)) >= WIDE_STRIDE
-    delta = plan_delta(out, grad_out, has_dlse, wide)
-    store = plan_dq_store(dq, scale, wide)
+    delta = plan_delta(out, grad_out, has_dlse, wide, zero_acc=True)
     ext = _build.load(device)
     kernel = ext.attention_bwd_sm90
-    block_m = int(_row(q).get("block_m", 64))
+    row = _row(q)
+    block_m = int(row.get("block_m", 64))
     # Beyond the keys every row sees them all (or none): the mask is off, as the forward plans it.
     causal = causal and causal_offset < n_k - 1
-    rows = b * hq * n_q
     index = device.index if device.index is not None else torch.cuda.current_device()
+    split, longest_first = schedule(b, hkv, hq // hkv, n_q, n_k, block_m, causal, causal_offset,
+                                    torch.cuda.get_device_properties(index).multi_processor_count,
+                                    row.get("tile_us", 3.5), q.element_size(), d)
+    if split == 1:
+        store = plan_dq_store(dq, scale, wide)
+    else:
+        finish = plan_finish(dq, dk, dv, scale, split, wide)
+        part_shape = (2, b, hkv * split, n_k, d)
+    rows = b * hq * n_q
 
     def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
-        ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)
-        acc = torch.zeros(rows * d, dtype=torch.float32, device=device)
-        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)  # lse's shape (the binding)
+        acc = torch.empty(rows * d, dtype=torch.float32, device=device)
+        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
         # TMA needs 16-byte bases, which a signature does not fix (a view one element in): such an
         # operand goes to the kernel as a copy (dk and dv are the plan's own allocations).
         q, k, v, grad_out = (t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
                              for t in (q, k, v, grad_out))
-        _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
-                    _stream(index))
-        store(acc, dq)
+        if split == 1:
+            _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
+                        1, longest_first, _stream(index))
+            store(acc, dq)
+        else:
+            part = torch.empty(part_shape, dtype=torch.float32, device=device)
+            _build.call(kernel, q, k, v, grad_out, lse, ws, acc, part[0], part[1], scale, causal, causal_offset,
+                        block_m, split, longest_first, _stream(index))
+            finish(acc, dq, part, dk, dv)
     return run

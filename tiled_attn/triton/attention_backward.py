@@ -17,7 +17,7 @@ from .. import configs
 from . import online
 from .attention import MIN_DOT, WIDE_STRIDE, _cdiv, _effective_causal, _pow2, _window_flags, d_class
 from .attention_bwd import (attention_bwd_delta_kernel, attention_bwd_dkdv_kernel, attention_bwd_dq_kernel,
-                            attention_bwd_dq_store_kernel)
+                            attention_bwd_dq_store_kernel, attention_bwd_finish_kernel)
 from .attention_bwd_ext import attention_bwd_dkdv_ext_kernel, attention_bwd_dq_ext_kernel
 from .launch import Launch, interpreted
 
@@ -89,7 +89,7 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
     dqc = launch_constants(q, "dq", interpret, causal)
     n_tiles = _cdiv(n_k, dkdv["BLOCK_N"])
     m_tiles = _cdiv(n_q, dqc["BLOCK_M"])
-    delta = plan_delta(out, grad_out, has_dlse, wide)
+    delta = plan_delta(out, grad_out, has_dlse, wide, zero_acc=atomic)
     dkdv_launch = Launch(attention_bwd_dkdv_kernel, (b * hkv * n_tiles,), dict(dkdv, WIDE=wide),
                          device).bind(*sq, *sk, *sv, *sdo, *sdk, *sdv, hkv, hq // hkv, n_q, n_k, offset,
                                       qk_scale, scale, n_tiles)
@@ -99,8 +99,8 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
 
         def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
             ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-            acc = torch.zeros(delta_size * d, dtype=torch.float32, device=device)
-            delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+            acc = torch.empty(delta_size * d, dtype=torch.float32, device=device)
+            delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
             dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, acc)
             store(acc, dq)
         return run
@@ -111,22 +111,23 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
 
     def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
         ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, ws)
         dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
         dq_launch(q, k, v, grad_out, lse, ws, dq)
     return run
 
 
-def plan_delta(out, grad_out, has_dlse: bool, wide: bool) -> Launch:
+def plan_delta(out, grad_out, has_dlse: bool, wide: bool, zero_acc: bool = False) -> Launch:
     """delta = rowsum(dO·O) (minus lse's gradient with has_dlse) into a float32 (B, Hq, Nq) buffer:
-    the launch, called as (out, grad_out, lse or grad_lse, delta). Also the CUDA backward's first
-    step (tiled_attn/cuda/attention_backward.py)."""
+    the launch, called as (out, grad_out, lse or grad_lse, delta, acc). zero_acc: it also zeroes acc,
+    the float32 (B·Hq, Nq, D) dQ accumulator of the atomic adds (else acc is not touched: pass any
+    tensor). Also the CUDA backward's first step (tiled_attn/cuda/attention_backward.py)."""
     b, hq, n_q, d = out.shape
     rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
     tiles = _cdiv(n_q, rows)
     return Launch(attention_bwd_delta_kernel, (b * hq * tiles,),
                   dict(BLOCK_M=rows, HEAD_DIM=d, BLOCK_D=max(MIN_DOT, _pow2(d)), HAS_DLSE=has_dlse, WIDE=wide,
-                       num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                       ZERO_ACC=zero_acc, num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
                   out.device).bind(*out.stride(), *grad_out.stride(), hq, n_q, tiles)
 
 
@@ -140,6 +141,25 @@ def plan_dq_store(dq, scale: float, wide: bool, upcast: bool = False) -> Launch:
                   dict(BLOCK_M=rows, HEAD_DIM=d, BLOCK_D=max(MIN_DOT, _pow2(d)), WIDE=wide, UPCAST=upcast,
                        num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
                   dq.device).bind(*dq.stride(), hq, n_q, scale, tiles)
+
+
+def plan_finish(dq, dk, dv, scale: float, splits: int, wide: bool, upcast: bool = False) -> Launch:
+    """dq = scale · the float32 dQ accumulator, and dk, dv = the sums of their `splits` float32 partials
+    (attention_bwd_finish_kernel), in one launch, called as (accumulator, dq, partials, dk, dv):
+    the end of the CUDA backward with its GQA groups split (kv_split)."""
+    b, hq, n_q, d = dq.shape
+    hkv, n_k = dk.shape[1], dk.shape[2]
+    rows = configs.TRITON_ATTENTION_BACKWARD_DELTA["BLOCK_M"]
+    block_d = max(MIN_DOT, _pow2(d))
+    keys = max(8, min(rows, 2048 // block_d))  # 16 float32 a thread per accumulator (4 warps)
+    m_tiles, n_tiles = _cdiv(n_q, rows), _cdiv(n_k, keys)
+    dq_programs = b * hq * m_tiles
+    wide = wide or max(max(dk.stride()), max(dv.stride())) >= WIDE_STRIDE
+    return Launch(attention_bwd_finish_kernel, (dq_programs + b * hkv * n_tiles,),
+                  dict(SPLITS=splits, BLOCK_M=rows, BLOCK_N=keys, HEAD_DIM=d, BLOCK_D=block_d, WIDE=wide,
+                       UPCAST=upcast, num_warps=configs.TRITON_ATTENTION_BACKWARD_DELTA["num_warps"]),
+                  dq.device).bind(*dq.stride(), *dk.stride(), *dv.stride(), hq, n_q, scale, m_tiles, hkv, n_k,
+                                  n_tiles, dq_programs, splits * b * hkv * n_k * d)
 
 
 def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool, causal_offset: int,
@@ -196,7 +216,7 @@ def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: 
             key_mask = key_mask.view(torch.uint8)
         slopes, key_mask, cu_q, cu_k = (lse if t is None else t for t in (slopes, key_mask, cu_q, cu_k))
         ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws)
+        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, ws)
         dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, slopes, key_mask, cu_q, cu_k)
         dq_launch(q, k, v, grad_out, lse, ws, dq, slopes, key_mask, cu_q, cu_k)
     return run

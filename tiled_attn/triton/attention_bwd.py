@@ -69,12 +69,15 @@ def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
 
 @triton.jit
 def attention_bwd_delta_kernel(
-        Out, DO, DLse, Delta,
+        Out, DO, DLse, Delta, DQacc,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_dob, stride_doh, stride_dom, stride_dod,
         n_heads, n_q, m_tiles,
         BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_DLSE: tl.constexpr, WIDE: tl.constexpr):
+        HAS_DLSE: tl.constexpr, WIDE: tl.constexpr, ZERO_ACC: tl.constexpr = False):
+    """delta of BLOCK_M rows of one head; ZERO_ACC: also zero those rows of the float32 (B·Hq, Nq, D)
+    dQ accumulator the atomic adds go into (one launch fewer than a separate fill: the host cost of
+    a training call is mostly launches and allocations)."""
     pid = tl.program_id(0)
     bh = pid // m_tiles
     m0 = (pid % m_tiles) * BLOCK_M
@@ -97,6 +100,9 @@ def attention_bwd_delta_kernel(
     if HAS_DLSE:
         delta -= tl.load(DLse + row_base + tl.arange(0, BLOCK_M), mask=rows < n_q, other=0.0)
     tl.store(Delta + row_base + tl.arange(0, BLOCK_M), delta, mask=rows < n_q)
+    if ZERO_ACC:
+        tl.store(DQacc + row_base * HEAD_DIM + offs_m[:, None] * HEAD_DIM + d[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=mask)
 
 
 @triton.jit
@@ -342,13 +348,10 @@ def attention_bwd_dq_kernel(
 
 
 @triton.jit
-def attention_bwd_dq_store_kernel(
-        DQacc, DQ, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q, sm_scale, m_tiles,
-        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr,
-        UPCAST: tl.constexpr = False):
-    """dQ = scale · the float32 accumulator the atomic dK/dV kernel filled, in dQ's dtype and
-    strides."""
-    pid = tl.program_id(0)
+def _dq_store_tile(DQacc, DQ, pid, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q, sm_scale,
+                   m_tiles, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   WIDE: tl.constexpr, UPCAST: tl.constexpr):
+    """Tile `pid` (BLOCK_M rows of one head) of dQ = scale · the float32 accumulator."""
     bh = pid // m_tiles
     m0 = (pid % m_tiles) * BLOCK_M
     b = (bh // n_heads).to(tl.int64)
@@ -365,3 +368,62 @@ def attention_bwd_dq_store_kernel(
                   mask=mask, other=0.0)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + m64 * stride_dqm + offs_m[:, None] * stride_dqm
              + d[None, :] * stride_dqd, to_output(acc * sm_scale, DQ.dtype.element_ty, UPCAST), mask=mask)
+
+
+@triton.jit
+def attention_bwd_dq_store_kernel(
+        DQacc, DQ, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q, sm_scale, m_tiles,
+        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr,
+        UPCAST: tl.constexpr = False):
+    """dQ = scale · the float32 accumulator the atomic dK/dV kernel filled, in dQ's dtype and
+    strides."""
+    _dq_store_tile(DQacc, DQ, tl.program_id(0), stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q,
+                   sm_scale, m_tiles, BLOCK_M, HEAD_DIM, BLOCK_D, WIDE, UPCAST)
+
+
+@triton.jit
+def attention_bwd_finish_kernel(
+        DQacc, DQ, Part, DK, DV,
+        stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+        stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+        stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+        n_heads, n_q, sm_scale, m_tiles, n_kv_heads, n_k, n_tiles, dq_programs, part_half,
+        SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr, WIDE: tl.constexpr, UPCAST: tl.constexpr = False):
+    """The end of a backward whose GQA groups were split among CTAs (the wgmma kernel's kv_split), one
+    launch: programs [0, dq_programs) store dQ as attention_bwd_dq_store_kernel does (BLOCK_M rows
+    each); the rest each sum the SPLITS float32 partials of dK and dV of BLOCK_N keys of one (batch,
+    kv head; BLOCK_N·BLOCK_D small: two accumulators and two loads live at once), in a fixed order
+    (the same bits every run), and store them in dk's and dv's dtype and strides. Part: float32
+    (2, B, Hkv·SPLITS, Nk, D) contiguous, dK's partials (already scaled) then dV's part_half
+    elements on; partial j of kv head h at head h·SPLITS + j."""
+    pid = tl.program_id(0)
+    if pid < dq_programs:
+        _dq_store_tile(DQacc, DQ, pid, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q,
+                       sm_scale, m_tiles, BLOCK_M, HEAD_DIM, BLOCK_D, WIDE, UPCAST)
+    else:
+        t = pid - dq_programs
+        bh = t // n_tiles  # b·Hkv + h
+        n0 = (t % n_tiles) * BLOCK_N
+        b = (bh // n_kv_heads).to(tl.int64)
+        h = (bh % n_kv_heads).to(tl.int64)
+        keys = n0 + tl.arange(0, BLOCK_N)
+        offs_n = tl.arange(0, BLOCK_N)
+        d = tl.arange(0, BLOCK_D)
+        if WIDE:
+            offs_n = offs_n.to(tl.int64)
+            d = d.to(tl.int64)
+        mask = (keys < n_k)[:, None] & (d < HEAD_DIM)[None, :]
+        n64 = tl.cast(n0, tl.int64)
+        # Partial j of this tile: row (bh·SPLITS + j)·Nk + n0 of dK's half.
+        src = Part + (bh.to(tl.int64) * SPLITS * n_k + n64) * HEAD_DIM + offs_n[:, None] * HEAD_DIM + d[None, :]
+        head = tl.cast(n_k, tl.int64) * HEAD_DIM  # one partial's elements
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        for j in range(SPLITS):
+            dk += tl.load(src + j * head, mask=mask, other=0.0)
+            dv += tl.load(src + part_half + j * head, mask=mask, other=0.0)
+        tl.store(DK + b * stride_dkb + h * stride_dkh + n64 * stride_dkn + offs_n[:, None] * stride_dkn
+                 + d[None, :] * stride_dkd, to_output(dk, DK.dtype.element_ty, UPCAST), mask=mask)
+        tl.store(DV + b * stride_dvb + h * stride_dvh + n64 * stride_dvn + offs_n[:, None] * stride_dvn
+                 + d[None, :] * stride_dvd, to_output(dv, DV.dtype.element_ty, UPCAST), mask=mask)

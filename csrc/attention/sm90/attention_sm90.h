@@ -38,14 +38,17 @@ bool attention_sm90_head_dim_supported(int64_t head_dim);
 // varies); overwrites dk (scaled) and dv, summed over each GQA group. cudaErrorInvalidValue for an
 // empty sequence, another head dim or dtype, or a block_m the head dim has no tile for;
 // cudaErrorMisalignedAddress where a base or stride breaks TMA's 16-byte rule. block_m: query rows per
-// step, 64 (0: the default) or 128 (D = 64 only).
+// step, 64 (0: the default) or 128 (D = 64 only). kv_split (>= 1, dividing Hq / Hkv): each GQA group's query
+// heads split among that many CTAs per key tile (a small grid's critical path cut: the planner's choice); above
+// 1 dk and dv must be float32 (dkv_f32) of shape (B, Hkv·kv_split, Nk, D), partial j of kv head h at head
+// h·kv_split + j, for the caller to sum. longest_first: CTAs in key-tile-major order (BwdParams says why).
 cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, const void* v, const void* dout,
                                const float* lse, const float* delta, float* dq_accum, void* dk, void* dv,
                                int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
                                bool causal, int64_t causal_offset, int64_t block_m, bool dkv_f32,
-                               cudaStream_t stream);
+                               int64_t kv_split, bool longest_first, cudaStream_t stream);
 
 bool attention_bwd_sm90_head_dim_supported(int64_t head_dim);
 

@@ -23,7 +23,7 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
                                int64_t head_dim, AttnStrides q_stride, AttnStrides k_stride, AttnStrides v_stride,
                                AttnStrides do_stride, AttnStrides dk_stride, AttnStrides dv_stride, float scale,
                                bool causal, int64_t causal_offset, int64_t block_m, bool dkv_f32,
-                               cudaStream_t stream) {
+                               int64_t kv_split, bool longest_first, cudaStream_t stream) {
   using flash_fwd::aligned16;
   using flash_fwd::strides_ok;
   if (!BwdHeadDims::contains(head_dim) || !flash_fwd::dtype_supported(dtype)) return cudaErrorInvalidValue;
@@ -34,13 +34,16 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
       seqlen_q > INT_MAX - 256 || seqlen_k > INT_MAX - 256 || batch > INT_MAX / heads_q) {
     return cudaErrorInvalidValue;
   }
+  // Split partials are float32, one (virtual) head each.
+  if (kv_split < 1 || (heads_q / heads_kv) % kv_split != 0 || (kv_split > 1 && !dkv_f32)) return cudaErrorInvalidValue;
+  const int64_t heads_dkv = heads_kv * kv_split;
   // TMA's rules (16-byte bases and strides) for the maps; the dK / dV stores and dQ reductions need
   // 8-byte alignment, which the same rules give.
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(dout) || !aligned16(dk) || !aligned16(dv) ||
       !aligned16(dq_accum) || !strides_ok(q_stride, batch, heads_q, seqlen_q) ||
       !strides_ok(k_stride, batch, heads_kv, seqlen_k) || !strides_ok(v_stride, batch, heads_kv, seqlen_k) ||
-      !strides_ok(do_stride, batch, heads_q, seqlen_q) || !strides_ok(dk_stride, batch, heads_kv, seqlen_k) ||
-      !strides_ok(dv_stride, batch, heads_kv, seqlen_k)) {
+      !strides_ok(do_stride, batch, heads_q, seqlen_q) || !strides_ok(dk_stride, batch, heads_dkv, seqlen_k) ||
+      !strides_ok(dv_stride, batch, heads_dkv, seqlen_k)) {
     return cudaErrorMisalignedAddress;
   }
   flash_fwd_sm90::BwdParams p{};
@@ -54,14 +57,17 @@ cudaError_t attention_bwd_sm90(AttnDtype dtype, const void* q, const void* k, co
   p.dv_batch = dv_stride.batch, p.dv_head = dv_stride.head, p.dv_seq = dv_stride.seq;
   p.causal_offset = flash_fwd::clamp_causal_offset(causal_offset, seqlen_q, seqlen_k);
   p.heads_q = static_cast<int>(heads_q);
-  p.heads_kv = static_cast<int>(heads_kv);
-  p.group = static_cast<int>(heads_q / heads_kv);
+  p.heads_kv = static_cast<int>(heads_dkv);
+  p.group = static_cast<int>(heads_q / heads_dkv);
+  p.kv_split = static_cast<int>(kv_split);
+  p.longest_first = longest_first;
   p.seqlen_q = static_cast<int>(seqlen_q);
   p.seqlen_k = static_cast<int>(seqlen_k);
   p.scale_log2 = scale * kLog2e;
   p.scale = scale;
   p.causal = causal;
-  const flash_fwd_sm90::BwdOperands a{q, k, v, dout, batch, q_stride, k_stride, v_stride, do_stride};
+  const flash_fwd_sm90::BwdOperands a{q, k, v, dout, batch, static_cast<int>(heads_kv), q_stride, k_stride,
+                                        v_stride, do_stride};
   return BwdHeadDims::dispatch(dtype, head_dim, [&](auto elem, auto dim) {
     using T = typename decltype(elem)::type;
     return flash_fwd_sm90::run_flash_bwd_sm90<decltype(dim)::value, T>(p, a, static_cast<int>(block_m), stream);

@@ -93,15 +93,25 @@ struct BwdTraits {
 
 // What a CTA computes: its keys [n0, n0 + kBlockN) of one (batch, kv head), and the query tiles that
 // see any of them, for each query head of the group (iteration it: head head(it), rows m0(it)..).
+// head_kv: the virtual head (BwdParams::kv_split) whose query heads the CTA walks and whose dK / dV it
+// writes; K and V are those of kv head head_kv / kv_split.
 template <class Tr>
 struct BwdTile {
   int batch, head_kv, n0, m_first, per_head, n_iters, shift;
 
   __device__ __forceinline__ explicit BwdTile(const BwdParams& p) {
-    const int slot = p.bh_offset + static_cast<int>(blockIdx.y);
+    int bx = static_cast<int>(blockIdx.x), by = static_cast<int>(blockIdx.y);
+    if (p.longest_first) {
+      // The launch order (x fastest) with the key tile slowest instead: every slot's key tile 0 (under a
+      // causal mask the longest walk) starts before any slot's tile 1, as a longest-first schedule.
+      const int64_t l = int64_t{by} * gridDim.x + bx;
+      bx = static_cast<int>(l / gridDim.y);
+      by = static_cast<int>(l % gridDim.y);
+    }
+    const int slot = p.bh_offset + by;
     batch = slot / p.heads_kv;
     head_kv = slot - batch * p.heads_kv;
-    n0 = static_cast<int>(blockIdx.x) * Tr::kBlockN;  // x = 0 first: under causal masks the busiest CTA
+    n0 = bx * Tr::kBlockN;  // x = 0 first: under causal masks the busiest CTA
     // The first query that sees key n0 (causal: i >= n0 − offset).
     const int first_q = p.causal ? static_cast<int>(clamp64(int64_t{n0} - p.causal_offset, 0, p.seqlen_q)) : 0;
     m_first = first_q / Tr::kBlockM;
@@ -109,7 +119,7 @@ struct BwdTile {
     n_iters = per_head * p.group;
     // Each CTA starts its walk at another query tile (and wraps around): the CTAs of one head add
     // their dQ to different rows at a time, not all to the first tile's.
-    shift = per_head > 0 ? static_cast<int>(blockIdx.x) % per_head : 0;
+    shift = per_head > 0 ? bx % per_head : 0;
   }
   __device__ __forceinline__ int head(const BwdParams& p, int it) const { return head_kv * p.group + it / per_head; }
   __device__ __forceinline__ int m0(int it) const { return (m_first + (it + shift) % per_head) * Tr::kBlockM; }
@@ -158,8 +168,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_arrive_expect_tx(bar_kv, 2 * Tr::kKVBytes);
 #pragma unroll
       for (int b = 0; b < Tr::kColBlocks; ++b) {
-        tma_load_4d(sK + b * Tr::kBlockN * 128, &maps.k, bar_kv, 64 * b, cta.n0, cta.head_kv, cta.batch);
-        tma_load_4d(sV + b * Tr::kBlockN * 128, &maps.v, bar_kv, 64 * b, cta.n0, cta.head_kv, cta.batch);
+        tma_load_4d(sK + b * Tr::kBlockN * 128, &maps.k, bar_kv, 64 * b, cta.n0, cta.head_kv / p.kv_split, cta.batch);
+        tma_load_4d(sV + b * Tr::kBlockN * 128, &maps.v, bar_kv, 64 * b, cta.n0, cta.head_kv / p.kv_split, cta.batch);
       }
       for (int it = 0; it < cta.n_iters; ++it) {
         const int s = it % Tr::kStages;

@@ -23,7 +23,7 @@ cudaError_t launch_bwd_kernel(BwdParams params, const BwdMaps& maps, int64_t slo
 #endif
 
 // One tile: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN), then the launch over
-// B·Hkv slots.
+// B·Hkv·kv_split slots (the virtual heads).
 template <class Tr, typename T>
 cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStream_t stream) {
   constexpr int kHeadDim = Tr::kHeadDim;
@@ -32,13 +32,13 @@ cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStre
                       a.q_stride.head, a.q_stride.seq, Tr::kBlockM) ||
       !encode_operand(&maps.dout, a.dout, a.batch, params.heads_q, params.seqlen_q, kHeadDim, a.do_stride.batch,
                       a.do_stride.head, a.do_stride.seq, Tr::kBlockM) ||
-      !encode_operand(&maps.k, a.k, a.batch, params.heads_kv, params.seqlen_k, kHeadDim, a.k_stride.batch,
+      !encode_operand(&maps.k, a.k, a.batch, a.heads_kv, params.seqlen_k, kHeadDim, a.k_stride.batch,
                       a.k_stride.head, a.k_stride.seq, Tr::kBlockN) ||
-      !encode_operand(&maps.v, a.v, a.batch, params.heads_kv, params.seqlen_k, kHeadDim, a.v_stride.batch,
+      !encode_operand(&maps.v, a.v, a.batch, a.heads_kv, params.seqlen_k, kHeadDim, a.v_stride.batch,
                       a.v_stride.head, a.v_stride.seq, Tr::kBlockN)) {
     return cudaErrorInvalidValue;
   }
-  return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);
+  return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);  // virtual heads
 }
 
 // Head dim D, element type T, block_m query rows per step (64, or 128 at D = 64; the entry checked it).
