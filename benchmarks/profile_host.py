@@ -162,7 +162,7 @@ def _train_pieces(device: torch.device) -> dict:
     our backward without the autograd engine (tiled_attn.attention._backward: the plan lookup, the
     gradients' allocations and the launches), and its launches one by one (the Triton delta and dQ
     store kernels, the wgmma kernel's binding); where a piece is not on this device, it says so."""
-    from tiled_attn import attention as attn
+    attn = sys.modules["tiled_attn.attention"]  # the package's `attention` is the function
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn((1, h, 128, 64), generator=gen, device=device, dtype=torch.bfloat16).requires_grad_()
                for h in (32, 8, 8))

@@ -245,13 +245,15 @@ def run_attention(res: Results, seed: int, only=None):
                         what=what + " lse")
 
 
-def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, backend: str = "triton"):
+def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, backend: str = "triton",
+                           only: str | None = None):
     """The Triton attention backward (delta, dK/dV, dQ kernels) at ragged sizes: odd D, Nq != Nk
     both ways (causal rows that see no key), MHA/GQA/MQA, a transposed (B, N, H, D) layout, each
     dtype; gradients against float64 autograd under tests/test_attention_backward.py's check (the
     rule, with its float32 recompute slack, and dq exactly 0 on rows that see no key), poisoned
     outputs. backend="cuda": the same cases at the wgmma backward's head dims and dtypes (64, 128;
-    fp16, bf16), which is what backend "cuda" runs there on an H100."""
+    fp16, bf16), which is what backend "cuda" runs there on an H100. only: the kinds tagged so
+    ("f32", "split"), e.g. a racecheck of one change's path."""
     from test_attention_backward import _check
     from tiled_attn.cuda import attention_backward as cb
     planned = cb.schedule  # the planner's own (kinds other than "split")
@@ -270,6 +272,8 @@ def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, ba
                  (torch.float16, 64, 128, "split"), (torch.bfloat16, 128, 64, "split"))
     if dtypes:
         kinds = tuple(kind for kind in kinds if kind[0] in [DTYPES[n] for n in dtypes])
+    if only:
+        kinds = tuple(kind for kind in kinds if kind[3:] == (only,))
     if quick:  # under compute-sanitizer (~2 s a case): every kernel config once per causal mode
         shapes, heads = ((17, 33), (257, 128)), ((6, 2),)
     for kind, (nq, nk), (hq, hkv), causal, layout in itertools.product(
@@ -352,6 +356,8 @@ def main() -> int:
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
     p.add_argument("--bwd-dtypes", type=lambda s: s.split(","), default=None,
                    help="the attention backward's dtypes (fp32,bf16,fp16; default all)")
+    p.add_argument("--bwd-only", choices=("f32", "split"), default=None,
+                   help="only the backward kinds with this tag (--bwd-backend cuda)")
     p.add_argument("--bwd-backend", choices=("triton", "cuda"), default="triton",
                    help="the attention backward's backend (cuda: its wgmma kernel on an H100)")
     p.add_argument("--dq-mode", choices=("pass", "atomic"), default=None,
@@ -380,7 +386,7 @@ def main() -> int:
     if args.attention:
         run_attention(res, seed, args.attention_kernels)
     if args.attention_backward:
-        run_attention_backward(res, seed, args.quick, args.bwd_dtypes, args.bwd_backend)
+        run_attention_backward(res, seed, args.quick, args.bwd_dtypes, args.bwd_backend, args.bwd_only)
     if args.big:
         run_big(res, seed)
 
