@@ -805,22 +805,23 @@ ATTENTION = Op(
 
 def attention_grad_reference(q, k, v, dout, causal: bool) -> tuple[tuple, str]:
     """(dq, dk, dv) of reference.attention by autograd, float64 (float32 above
-    REF_FLOAT64_MAX_SCORES score elements), chunked over (batch, head) pairs like
-    attention_reference (equal q and k/v heads: the suites' MHA shapes)."""
+    REF_FLOAT64_MAX_SCORES score elements), chunked over (batch, kv head) pairs like
+    attention_reference (a GQA group's query heads in one chunk: dK / dV summed over it)."""
     b, h, n, d = q.shape
-    assert k.shape[1] == h, "attention_grad_reference takes MHA shapes"
-    ref_dtype = torch.float64 if b * h * n * k.shape[2] <= REF_FLOAT64_MAX_SCORES else torch.float32
-    flat = [t.reshape(b * h, 1, t.shape[2], d) for t in (q, k, v, dout)]
+    hkv, nk = k.shape[1], k.shape[2]
+    g = h // hkv
+    ref_dtype = torch.float64 if b * h * n * nk <= REF_FLOAT64_MAX_SCORES else torch.float32
+    flat = [t.reshape(b * hkv, g if t.shape[1] == h else 1, t.shape[2], d) for t in (q, k, v, dout)]
     grads = [torch.empty(t.shape, dtype=ref_dtype, device=q.device) for t in flat[:3]]
-    rows = max(1, REF_CHUNK_ELEMS // max(1, n * k.shape[2]))
-    for r0 in range(0, b * h, rows):
+    rows = max(1, REF_CHUNK_ELEMS // max(1, g * n * nk))
+    for r0 in range(0, b * hkv, rows):
         sl = slice(r0, r0 + rows)
         qc, kc, vc = (t[sl].to(ref_dtype).requires_grad_() for t in flat[:3])
         out = reference.attention(qc, kc, vc, causal=causal)
         for g, gc in zip(grads, torch.autograd.grad(out, (qc, kc, vc), flat[3][sl].to(ref_dtype))):
             g[sl] = gc
         del out
-    return tuple(g.view(b, h, -1, d) for g in grads), DTYPE_NAMES[ref_dtype]
+    return tuple(gr.view(b, -1, gr.shape[2], d) for gr in grads), DTYPE_NAMES[ref_dtype]
 
 
 def attention_grads(attn, case: dict, inputs: tuple, cache: dict):
@@ -847,14 +848,15 @@ def _attention_grad_work(c) -> float:
 
 ATTENTION_BACKWARD = Op(
     name="attention_backward", unit="TFLOP/s", ceiling="matmul_tflops",
-    make_inputs=lambda c, dev, g: tuple(_randn((c["B"], c["H"], c["N"], c["D"]), c, dev, g)
-                                        for _ in range(4)),
+    # q, k, v, dO; k and v with Hkv heads where the case names them (GQA), else H
+    make_inputs=lambda c, dev, g: tuple(_randn((c["B"], c["H"] if i in (0, 3) else c.get("Hkv", c["H"]),
+                                                c["N"], c["D"]), c, dev, g) for i in range(4)),
     reference=lambda c, inp: attention_grad_reference(*inp, c["causal"]),
     torch_output=lambda c, inp: attention_grads(lambda q, k, v: _sdpa_default(q, k, v, c["causal"]),
                                                 dict(c, mode="fwd+bwd"), inp, {}),
     work=_attention_grad_work,
     label=lambda c: f"{c['mode']} D={c['D']} N={c['N']} B={c['B']} H={c['H']}"
-                    f"{' causal' if c['causal'] else ''} {c['dtype']}",
+                    f"{'/' + str(c['Hkv']) if 'Hkv' in c else ''}{' causal' if c['causal'] else ''} {c['dtype']}",
     convention="FLOPs = the forward's 4·B·H·N²·D (halved for causal) × 2.5 for the backward, × 3.5 "
                "for forward + backward (FlashAttention's count: the backward's 5 matmuls); "
                "% of the measured dense matmul rate",
@@ -1322,8 +1324,8 @@ def flex_attention_grad() -> Provider:
             _raise_recompile_limits()
             state["f"] = torch.compile(flex, dynamic=False)
 
-            def retained(q, k, v, block_mask):  # its own code object, so its own compiles
-                return flex(q, k, v, block_mask=block_mask)
+            def retained(q, k, v, block_mask, enable_gqa):  # its own code object, so its own compiles
+                return flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
             state["f_retained"] = torch.compile(retained, dynamic=False)
         causal, bwd = bool(case["causal"]), case["mode"] == "bwd"
         key = (case["N"], causal, bwd)
@@ -1331,7 +1333,7 @@ def flex_attention_grad() -> Provider:
             mask = (create_block_mask(_causal_mod, None, None, case["N"], case["N"], device="cuda")
                     if causal else None)
             f = state["f_retained" if bwd else "f"]
-            state[key] = lambda q, k, v: f(q, k, v, block_mask=mask)
+            state[key] = lambda q, k, v: f(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return state[key]
     return grad_provider("flex", attn_of_case, role="baseline", context=_no_donated_buffers,
                          available=lambda d: None if d.type == "cuda" else "GPU suites only")

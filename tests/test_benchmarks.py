@@ -323,12 +323,16 @@ def test_gpu_grid_matches_the_issue():
 def test_attention_backward_grid_matches_the_issue():
     from benchmarks import suite_attention_backward as sab
     s = sab.SUITE
-    cases = s.cases()
+    cases = [c for c in s.cases() if "Hkv" not in c]
     assert {(c["mode"], c["N"], c["D"], c["causal"]) for c in cases} == {
         (m, n, d, c) for m in ("fwd+bwd", "bwd") for n in (1024, 4096, 16384) for d in (64, 128)
         for c in (False, True)} and len(cases) == 24
     assert all(c["B"] * c["N"] == 16384 and c["H"] * c["D"] == 2048 and c["dtype"] == "bf16"
                for c in cases)
+    gqa = [c for c in s.cases() if "Hkv" in c]  # the Llama-3.2-1B layer
+    assert {(c["mode"], c["N"]) for c in gqa} == {(m, n) for m in ("fwd+bwd", "bwd") for n in (2048, 8192)}
+    assert all((c["B"], c["H"], c["Hkv"], c["D"], c["causal"]) == (1, 32, 8, 64, True) for c in gqa)
+    cases = s.cases()
     quick = s.cases(quick=True)
     assert quick and all(c in cases for c in quick) and len(quick) < len(cases)
     names = [p.name for p in s.providers]
@@ -453,6 +457,7 @@ def test_attention_backward_suite_end_to_end_on_cpu(tmp_path):
     wrong = h.grad_provider("wrong", lambda c: lambda q, k, v: 1.25 * h._sdpa_default(q, k, v, c["causal"]))
     shapes = [dict(B=2, H=2, N=n, D=16, causal=c, mode=m) for m in ("fwd+bwd", "bwd")
               for c in (False, True) for n in (32, 48)]
+    shapes += [dict(B=1, H=4, Hkv=2, N=40, D=16, causal=True, mode=m) for m in ("fwd+bwd", "bwd")]  # GQA
     suite = dataclasses.replace(sab.SUITE, device="cpu", shapes=shapes, quick_shapes=None,
                                 providers=list(sab.SUITE.providers) + [h.sdpa_grad("math"), wrong])
     result = h.run_suite(suite, _cfg(FakeTimer()))
@@ -474,6 +479,7 @@ def test_attention_backward_suite_end_to_end_on_cpu(tmp_path):
     assert png.read_bytes()[:8] == PNG_MAGIC
     md = report.write_markdown(run, tmp_path / "r.md", {suite.name: png.name}).read_text()
     assert "| case | default |" in md and "bwd D=16 N=48 B=2 H=2 causal bf16" in md
+    assert "fwd+bwd D=16 N=40 B=1 H=4/2 causal bf16" in md
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message a CPU-only machine gives")
