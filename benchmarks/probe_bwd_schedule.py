@@ -38,14 +38,16 @@ def _model(b, hq, hkv, n, d, split, lf, sms):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cases", default=None, help="B,Hq,Hkv,N,D;... instead of CASES")
     args = ap.parse_args(argv)
+    cases = ([tuple(int(x) for x in c.split(",")) for c in args.cases.split(";")] if args.cases else CASES)
     attn = sys.modules["tiled_attn.attention"]
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     planned = cb.schedule
     lines = [f"{torch.cuda.get_device_name()}: backward alone, ms (median of 5 rounds); model = the schedule "
              f"model's makespan (ms); planned = what `schedule` picks"]
-    for b, hq, hkv, n, d in CASES:
+    for b, hq, hkv, n, d in cases:
         gen = torch.Generator(device=dev).manual_seed(0)
         q = torch.randn((b, hq, n, d), generator=gen, device=dev, dtype=torch.bfloat16)
         k, v = (torch.randn((b, hkv, n, d), generator=gen, device=dev, dtype=torch.bfloat16) for _ in range(2))

@@ -939,11 +939,18 @@ CUDA_ATTENTION_BACKWARD: dict = {
 # (float32 partial dK / dV, summed afterwards), and launch the CTAs key-tile-major (longest_first: the
 # longest causal walks first, where x-fastest order starts some slots' last). The planner simulates the
 # block scheduler (CTAs in launch order, one per SM, each as long as its tiles plus "cta_tiles" for K / V
-# loads and the epilogue) for each divisor of the group and each order, adds the partials' traffic at
-# "reduce_gbps", and takes the fastest, a change only where it gains "min_gain" of the time; grids of
-# more than "max_waves" CTAs per SM keep the plain launch (there the schedule costs a few percent, and
-# the x-fastest order keeps one head's Q / dO shared in L2 by the CTAs resident together).
-CUDA_ATTENTION_BACKWARD_SPLIT = {"cta_tiles": 1.0, "reduce_gbps": 2500.0, "min_gain": 0.1, "max_waves": 2}
+# loads and the epilogue) for each divisor of the group (grids of at most "max_waves" CTAs per SM: the
+# partials' memory stays bounded) and each order (causal grids of at most "order_waves"), adds the
+# partials' traffic at "reduce_gbps", and takes the fastest, a change only where it gains "min_gain".
+# Measured (benchmarks/probe_bwd_schedule.py, H200, 2026-11-28, the backward alone, every schedule
+# forced; results/2026-11-28-h200-s24-probe-bwd-schedule.txt): the model's plain-order times within 1-6%
+# of the GPU's at 8 shapes. Llama-1B layer (B = 1, 32 / 8 heads, D = 64): N = 2048 0.276 ms plain, 0.167
+# split in 2 (planned), 0.187 in 4; N = 4096 0.800 plain, 0.524 key-tile-major (planned); N = 8192 2.358
+# plain, 1.935 key-tile-major (planned; D = 128 4.287 -> 3.626). MHA grids of 15-31 waves ran 3-10%
+# slower key-tile-major (one head's Q / dO no longer shared in L2 by the CTAs resident together, which
+# the model does not see); the model gives them < 6%, under min_gain, so they keep the plain launch.
+CUDA_ATTENTION_BACKWARD_SPLIT = {"cta_tiles": 1.0, "reduce_gbps": 2500.0, "min_gain": 0.1, "max_waves": 2,
+                                 "order_waves": 16}
 
 # ---------------------------------------------------------------------------------------------
 # CUDA attention (csrc/attention/) — owned by that module's author.

@@ -14,7 +14,8 @@ the float32 (B·Hq, Nq, D) dQ accumulator), the wgmma kernel (dK and dV written,
 dq = scale · accumulator (the Triton store kernel of the atomic dQ mode). Extra memory: delta
 (B·Hq·Nq floats) and the accumulator (B·Hq·Nq·D floats), as the Triton atomic mode; no N×N tensor.
 A small grid with GQA (`schedule`: about one CTA per SM, as a batch-1 training step of a GQA model)
-splits each group's query heads among CTAs; the kernel then writes float32 partial dK / dV
+splits each group's query heads among CTAs, and a causal grid of a few waves may run key-tile-major
+(the longest walks first); with a split the kernel writes float32 partial dK / dV
 (kv_split·B·Hkv·Nk·D floats each, only for grids of at most CUDA_ATTENTION_BACKWARD_SPLIT["max_waves"]
 CTAs per SM, so bounded by a constant times the SM count) and the store kernel
 (attention_bwd_finish_kernel) sums them in a fixed order.
@@ -97,7 +98,8 @@ def schedule(batch: int, heads_kv: int, group: int, n_q: int, n_k: int, block_m:
     walk first."""
     cfg = configs.CUDA_ATTENTION_BACKWARD_SPLIT
     n_blocks = -(-n_k // 128)
-    if batch * heads_kv * n_blocks > cfg["max_waves"] * sms:
+    ctas = batch * heads_kv * n_blocks
+    if ctas > cfg["max_waves"] * sms and (not causal or ctas > cfg["order_waves"] * sms):
         return 1, False
     m_tiles = -(-n_q // block_m)
     per_head = []
@@ -105,7 +107,8 @@ def schedule(batch: int, heads_kv: int, group: int, n_q: int, n_k: int, block_m:
         first = min(max(x * 128 - causal_offset, 0), n_q) if causal else 0
         per_head.append(m_tiles - first // block_m)
     best, best_us = (1, False), None
-    for split in (s for s in range(1, group + 1) if group % s == 0):
+    splits = [s for s in range(1, group + 1) if group % s == 0] if ctas <= cfg["max_waves"] * sms else [1]
+    for split in splits:
         row = [t * (group // split) + cfg["cta_tiles"] for t in per_head]
         slots = batch * heads_kv * split
         extra = 0.0
