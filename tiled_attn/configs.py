@@ -949,6 +949,9 @@ CUDA_ATTENTION_BACKWARD: dict = {
 # plain, 1.935 key-tile-major (planned; D = 128 4.287 -> 3.626). MHA grids of 15-31 waves ran 3-10%
 # slower key-tile-major (one head's Q / dO no longer shared in L2 by the CTAs resident together, which
 # the model does not see); the model gives them < 6%, under min_gain, so they keep the plain launch.
+# A second run (…-probe-bwd-schedule-b.txt), each planned choice the fastest measured or within 5% of
+# it: GQA B = 2 / 4 at N = 2048 0.449 -> 0.309 / 0.746 -> 0.615 ms key-tile-major; MHA B = 1 at N =
+# 4096 (8 waves) D = 64 0.606 -> 0.557, D = 128 0.637 -> 0.542; B = 2, 32 heads, N = 2048 0.351 -> 0.335.
 CUDA_ATTENTION_BACKWARD_SPLIT = {"cta_tiles": 1.0, "reduce_gbps": 2500.0, "min_gain": 0.1, "max_waves": 2,
                                  "order_waves": 16}
 
