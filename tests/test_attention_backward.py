@@ -913,6 +913,26 @@ def test_gpu_grid(backend, shape, d, causal, heads, dtype, seed):
     _case(backend, 2, heads, *shape, d, dtype, causal, seed, lse_grad=causal and d % 2 == 1)
 
 
+def _wgmma_inputs(b, hq, hkv, nq, nk, d, dtype, seed):
+    """(q, k, v, dO, generator) on the GPU for a wgmma backward test; skips where that kernel does not
+    run (not an sm90 device, or the extension lacks it)."""
+    device = _require("cuda", dtype, d)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(b, hq, hkv, nq, nk, d, dtype, device, gen)
+    if not _wgmma_backward(q, "cuda", False):
+        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    return q, k, v, randn(q.shape, dtype, device, gen), gen
+
+
+def _cuda_kernels(fn):
+    """(fn(), the names of the CUDA kernels it ran), by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return result, [e.name for e in prof.events()]
+
+
 # backend "cuda"'s wgmma backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh): the profiler shows it
 # ran (and not the Triton dK/dV kernel) and the gradients meet the rule; ragged tiles both ways, one
 # row, Nq > Nk (rows that see no key), several query tiles per key tile, GQA and MQA groups.
@@ -929,21 +949,12 @@ WGMMA_BWD_CASES = [((1, 1), False, "mha"), ((113, 203), True, "gqa"), ((128, 217
                          ids=[_id(f"{s[0]}x{s[1]}", c, h) for s, c, h in WGMMA_BWD_CASES])
 def test_wgmma_backward(shape, causal, heads, dtype, d, block_m, monkeypatch, seed):
     """Each tile the kernel instantiates (configs.CUDA_ATTENTION_BACKWARD's block_m, forced here)."""
-    from torch.profiler import ProfilerActivity, profile
     from tiled_attn import configs
-    device = _require("cuda", dtype, d)
     monkeypatch.setitem(configs.CUDA_ATTENTION_BACKWARD, ("sm90", d), {"kernel": "wgmma", "block_m": block_m})
     hq, hkv = _heads(heads)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(2, hq, hkv, *shape, d, dtype, device, gen)
-    if not _wgmma_backward(q, "cuda", False):
-        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
-    go = randn((2, hq, shape[0], d), dtype, device, gen)
-    gl = randn((2, hq, shape[0]), torch.float32, device, gen) if causal else None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        grads = _ours(q, k, v, go, gl, causal=causal, backend="cuda")
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    q, k, v, go, gen = _wgmma_inputs(2, hq, hkv, *shape, d, dtype, seed)
+    gl = randn((2, hq, shape[0]), torch.float32, q.device, gen) if causal else None
+    grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, gl, causal=causal, backend="cuda"))
     assert any("flash_bwd_sm90_kernel" in n for n in names), f"the wgmma backward did not run: {sorted(set(names))}"
     assert not any("attention_bwd_dkdv" in n for n in names), "the Triton dK/dV kernel ran too"
     what = f"cuda-wgmma bm={block_m} B=2 H={hq}/{hkv} Nq={shape[0]} Nk={shape[1]} D={d} {DT[dtype]} causal={causal}"
@@ -966,21 +977,11 @@ def test_wgmma_backward_schedules(split, longest_first, d, monkeypatch, seed):
     ways) and a non-causal call, each schedule forced: the gradients meet the rule, the finish kernel
     ran exactly when the group is split, and dK / dV are bitwise the same in a second run (the
     partials summed in a fixed order)."""
-    from torch.profiler import ProfilerActivity, profile
     from tiled_attn.cuda import attention_backward as cb
-    dtype = torch.bfloat16
-    device = _require("cuda", dtype, d)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(2, 8, 2, 300, 517, d, dtype, device, gen)
-    if not _wgmma_backward(q, "cuda", False):
-        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
+    q, k, v, go, _ = _wgmma_inputs(2, 8, 2, 300, 517, d, torch.bfloat16, seed)
     monkeypatch.setattr(cb, "schedule", lambda *args: (split, longest_first))
-    go = randn(q.shape, dtype, device, gen)
     for causal in (True, False):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            grads = _ours(q, k, v, go, causal=causal, backend="cuda")
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events()]
+        grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=causal, backend="cuda"))
         assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
         assert any("attention_bwd_finish_kernel" in n for n in names) == (split > 1), sorted(set(names))
         what = f"cuda-wgmma split={split} longest_first={longest_first} D={d} causal={causal}"
@@ -995,18 +996,8 @@ def test_wgmma_backward_schedules(split, longest_first, d, monkeypatch, seed):
 def test_wgmma_backward_splits_a_small_gqa_grid(seed):
     """Unforced, the Llama-3.2-1B training shape (B = 1, 32 / 8 heads, D = 64, N = 2048, causal: 128
     CTAs on an H100's 132 SMs) plans a split group, and its gradients meet the rule."""
-    from torch.profiler import ProfilerActivity, profile
-    dtype, d = torch.bfloat16, 64
-    device = _require("cuda", dtype, d)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(1, 32, 8, 2048, 2048, d, dtype, device, gen)
-    if not _wgmma_backward(q, "cuda", False):
-        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
-    go = randn(q.shape, dtype, device, gen)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        grads = _ours(q, k, v, go, causal=True, backend="cuda")
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    q, k, v, go, _ = _wgmma_inputs(1, 32, 8, 2048, 2048, 64, torch.bfloat16, seed)
+    grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=True, backend="cuda"))
     assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
     assert any("attention_bwd_finish_kernel" in n for n in names), sorted(set(names))
     _check(grads, q, k, v, go, None, True, None, 0, seed, "cuda-wgmma Llama-1B shape, planned split")
@@ -1049,18 +1040,9 @@ def test_default_backward_is_wgmma(d, seed):
     """backend=None trains with the wgmma backward where it covers the call, whichever forward
     configs.ATTENTION_SELECT picked (here the Triton one: causal, N = 300), and not with
     deterministic=True (the Triton kernels, bitwise-repeatable)."""
-    from torch.profiler import ProfilerActivity, profile
-    device = _require("cuda", torch.bfloat16, d)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(2, 4, 2, 300, 300, d, torch.bfloat16, device, gen)
-    if not _wgmma_backward(q, "cuda", False):
-        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
-    go = randn(q.shape, torch.bfloat16, device, gen)
+    q, k, v, go, _ = _wgmma_inputs(2, 4, 2, 300, 300, d, torch.bfloat16, seed)
     for deterministic in (False, True):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            grads = _ours(q, k, v, go, causal=True, deterministic=deterministic)
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events()]
+        grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=True, deterministic=deterministic))
         wgmma = any("flash_bwd_sm90_kernel" in n for n in names)
         assert wgmma != deterministic, f"deterministic={deterministic}: kernels {sorted(set(names))}"
         _check(grads, q, k, v, go, None, True, None, 0, seed, f"default D={d} deterministic={deterministic}")
@@ -1098,14 +1080,7 @@ def test_wgmma_backward_copies_operands_off_16_bytes(seed):
     """TMA needs 16-byte base addresses, which a signature does not fix: the same signature called
     first with aligned operands (the plan is made), then with q, k, v and dO views one element into
     their storage, runs the wgmma kernel both times (on copies the second time) and meets the rule."""
-    from torch.profiler import ProfilerActivity, profile
-    dtype, d = torch.bfloat16, 64
-    device = _require("cuda", dtype, d)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(1, 4, 2, 200, 260, d, dtype, device, gen)
-    if not _wgmma_backward(q, "cuda", False):
-        pytest.skip("no wgmma backward here (not an sm90 device, or the extension lacks it)")
-    go = randn(q.shape, dtype, device, gen)
+    q, k, v, go, _ = _wgmma_inputs(1, 4, 2, 200, 260, 64, torch.bfloat16, seed)
 
     def one_in(t):  # same values, shape and strides; the base 2 bytes past a 16-byte boundary
         flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
@@ -1114,10 +1089,7 @@ def test_wgmma_backward_copies_operands_off_16_bytes(seed):
         assert view.data_ptr() % 16 != 0 and view.stride() == t.stride()
         return view
     for what, args in (("aligned", (q, k, v, go)), ("one element in", tuple(one_in(t) for t in (q, k, v, go)))):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            grads = _ours(*args, causal=True, backend="cuda")
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events()]
+        grads, names = _cuda_kernels(lambda: _ours(*args, causal=True, backend="cuda"))
         assert any("flash_bwd_sm90_kernel" in n for n in names), f"{what}: {sorted(set(names))}"
         _check(grads, q, k, v, go, None, True, None, 60, seed, f"cuda-wgmma {what}")
 

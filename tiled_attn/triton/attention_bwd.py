@@ -68,6 +68,23 @@ def _dot_acc(acc, a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _row_tile(t, n_tiles, n_heads, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
+    """Tile t of the row-wise passes (delta, the dQ store, the dK / dV sums): BLOCK rows of one (batch,
+    head) pair bh = t // n_tiles; (bh, b, h, first row, row offsets, column offsets), int64 offsets
+    where WIDE."""
+    bh = t // n_tiles
+    r0 = (t % n_tiles) * BLOCK
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    d = tl.arange(0, BLOCK_D)
+    if WIDE:
+        offs = offs.to(tl.int64)
+        d = d.to(tl.int64)
+    return bh, b, h, r0, offs, d
+
+
+@triton.jit
 def attention_bwd_delta_kernel(
         Out, DO, DLse, Delta, DQacc,
         stride_ob, stride_oh, stride_om, stride_od,
@@ -78,17 +95,8 @@ def attention_bwd_delta_kernel(
     """delta of BLOCK_M rows of one head; ZERO_ACC: also zero those rows of the float32 (B·Hq, Nq, D)
     dQ accumulator the atomic adds go into (one launch fewer than a separate fill: the host cost of
     a training call is mostly launches and allocations)."""
-    pid = tl.program_id(0)
-    bh = pid // m_tiles
-    m0 = (pid % m_tiles) * BLOCK_M
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    bh, b, h, m0, offs_m, d = _row_tile(tl.program_id(0), m_tiles, n_heads, BLOCK_M, BLOCK_D, WIDE)
     rows = m0 + tl.arange(0, BLOCK_M)
-    offs_m = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    if WIDE:
-        offs_m = offs_m.to(tl.int64)
-        d = d.to(tl.int64)
     mask = (rows < n_q)[:, None] & (d < HEAD_DIM)[None, :]
     m64 = tl.cast(m0, tl.int64)
     o = tl.load(Out + b * stride_ob + h * stride_oh + m64 * stride_om
@@ -352,16 +360,8 @@ def _dq_store_tile(DQacc, DQ, pid, stride_dqb, stride_dqh, stride_dqm, stride_dq
                    m_tiles, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    WIDE: tl.constexpr, UPCAST: tl.constexpr):
     """Tile `pid` (BLOCK_M rows of one head) of dQ = scale · the float32 accumulator."""
-    bh = pid // m_tiles
-    m0 = (pid % m_tiles) * BLOCK_M
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    bh, b, h, m0, offs_m, d = _row_tile(pid, m_tiles, n_heads, BLOCK_M, BLOCK_D, WIDE)
     rows = m0 + tl.arange(0, BLOCK_M)
-    offs_m = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    if WIDE:
-        offs_m = offs_m.to(tl.int64)
-        d = d.to(tl.int64)
     mask = (rows < n_q)[:, None] & (d < HEAD_DIM)[None, :]
     m64 = tl.cast(m0, tl.int64)
     acc = tl.load(DQacc + (bh.to(tl.int64) * n_q + m64) * HEAD_DIM + offs_m[:, None] * HEAD_DIM + d[None, :],
@@ -402,17 +402,8 @@ def attention_bwd_finish_kernel(
         _dq_store_tile(DQacc, DQ, pid, stride_dqb, stride_dqh, stride_dqm, stride_dqd, n_heads, n_q,
                        sm_scale, m_tiles, BLOCK_M, HEAD_DIM, BLOCK_D, WIDE, UPCAST)
     else:
-        t = pid - dq_programs
-        bh = t // n_tiles  # b·Hkv + h
-        n0 = (t % n_tiles) * BLOCK_N
-        b = (bh // n_kv_heads).to(tl.int64)
-        h = (bh % n_kv_heads).to(tl.int64)
+        bh, b, h, n0, offs_n, d = _row_tile(pid - dq_programs, n_tiles, n_kv_heads, BLOCK_N, BLOCK_D, WIDE)
         keys = n0 + tl.arange(0, BLOCK_N)
-        offs_n = tl.arange(0, BLOCK_N)
-        d = tl.arange(0, BLOCK_D)
-        if WIDE:
-            offs_n = offs_n.to(tl.int64)
-            d = d.to(tl.int64)
         mask = (keys < n_k)[:, None] & (d < HEAD_DIM)[None, :]
         n64 = tl.cast(n0, tl.int64)
         # Partial j of this tile: row (bh·SPLITS + j)·Nk + n0 of dK's half.
