@@ -538,7 +538,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     "cuda", and backend=None on a CUDA device whichever forward it picked, the wgmma backward on
     an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomics; configs.CUDA_ATTENTION_BACKWARD) and
     the Triton kernels elsewhere or with deterministic=True; "torch" the PyTorch one; on the CPU's
-    native path (torch's SDPA) torch's autograd does it.
+    native path (torch's SDPA) torch's autograd does it. On a grid of about one CTA per SM (a batch-1
+    GQA training step) the wgmma backward may split each group's query heads among CTAs: float32
+    partial dK/dV, at most a small multiple of the SM count's worth of key tiles, summed in a fixed
+    order (tiled_attn/cuda/attention_backward.py `schedule`).
     """
     if deterministic is not False and deterministic is not True:
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
