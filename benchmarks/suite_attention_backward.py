@@ -7,7 +7,8 @@ TOKENS, HIDDEN = 16384, 2048
 
 
 def _shape(n, d, causal, mode):
-    return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal, mode=mode, panel=f"MHA D={d}")
+    return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal, mode=mode,
+                panel=f"MHA D={d}{' causal' if causal else ''}")
 
 
 # One layer of the Llama-3.2-1B shape (32 query / 8 kv heads, D = 64, causal, batch 1): the e2e
