@@ -1,12 +1,13 @@
 """The wgmma backward's kernel time under each launch schedule (tiled_attn/cuda/attention_backward.py
 `schedule`: the GQA split and the key-tile-major order), forced one at a time, beside the schedule
-model's makespan for it: whether the model's choice holds on the GPU, and whether key-tile-major
-order (longest causal walks first) pays beyond the small grids it is planned for.
+model's estimate for it (`estimate_us`, what `schedule` compares): whether the model's choice holds
+on the GPU, and whether key-tile-major order (longest causal walks first) pays beyond the small
+grids it is planned for.
 
     PYTHONPATH=. python benchmarks/probe_bwd_schedule.py [--out FILE]
 
 Times the backward alone (tiled_attn.attention._backward_impl: delta, the kernel, the dQ store or
-finish), CUDA events over back-to-back calls at GPU-bound sizes, median of 5 rounds.
+finish), CUDA events over back-to-back calls at GPU-bound sizes, median of 5 rounds of >= ~20 ms each.
 """
 from __future__ import annotations
 
@@ -26,13 +27,9 @@ CASES = [(1, 32, 8, 2048, 64), (1, 32, 8, 4096, 64), (1, 32, 8, 8192, 64), (4, 3
 
 
 def _model(b, hq, hkv, n, d, split, lf, sms):
+    """The schedule model's time (ms) of the causal bf16 case under (split, lf): `schedule`'s own estimate."""
     row = configs.CUDA_ATTENTION_BACKWARD[("sm90", d)]
-    bm = row["block_m"]
-    per_head = [-(-n // bm) - min(x * 128, n) // bm for x in range(-(-n // 128))]
-    lengths = [t * (hq // hkv // split) + configs.CUDA_ATTENTION_BACKWARD_SPLIT["cta_tiles"] for t in per_head]
-    slots = b * hkv * split
-    order = [t for t in lengths for _ in range(slots)] if lf else lengths * slots
-    return cb._makespan(order, sms) * row["tile_us"] / 1e3
+    return cb.estimate_us(b, hkv, hq // hkv, n, n, row["block_m"], True, 0, sms, row["tile_us"], 2, d, split, lf) / 1e3
 
 
 def main(argv=None) -> int:
@@ -46,7 +43,7 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     planned = cb.schedule
     lines = [f"{torch.cuda.get_device_name()}: backward alone, ms (median of 5 rounds); model = the schedule "
-             f"model's makespan (ms); planned = what `schedule` picks"]
+             f"model's estimate (ms); planned = what `schedule` picks"]
     for b, hq, hkv, n, d in cases:
         gen = torch.Generator(device=dev).manual_seed(0)
         q = torch.randn((b, hq, n, d), generator=gen, device=dev, dtype=torch.bfloat16)
@@ -62,7 +59,8 @@ def main(argv=None) -> int:
             call = lambda: attn._backward_impl(go, q, k, v, out, lse, None, d ** -0.5, True, 0, "cuda", False)  # noqa: E731
             for _ in range(3):
                 call()
-            reps = max(3, int(2e3 / max(1e-3, _model(b, hq, hkv, n, d, 1, False, sms) * 1e3)))
+            # Rounds of >= ~20 ms of back-to-back calls, by the model's time of the plain launch.
+            reps = max(3, int(20 / max(1e-3, _model(b, hq, hkv, n, d, 1, False, sms))))
             times = []
             for _ in range(5):
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

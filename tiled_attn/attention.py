@@ -457,11 +457,16 @@ class _Attention(torch.autograd.Function):
         ctx.lse_grad, ctx.deterministic, ctx.mods, ctx.n_extras = lse_grad, deterministic, mods, len(extras)
         if not lse_grad:
             ctx.mark_non_differentiable(lse)
+        # An output the loss does not reach comes to the backward as None, not as a zeros tensor
+        # the engine would allocate and fill (a launch on every training step for lse).
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, *extras = ctx.saved_tensors
+        if grad_out is None:  # only lse reaches the loss (return_lse): dO = 0
+            grad_out = torch.zeros_like(out)
         args = (grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None, ctx.scale, ctx.causal,
                 ctx.causal_offset, ctx.backend, ctx.deterministic, ctx.mods, tuple(extras))
         if not torch.is_grad_enabled():  # the engine's default (create_graph=False)

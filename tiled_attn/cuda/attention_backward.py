@@ -31,7 +31,7 @@ from .._plan import current_stream as _stream
 from . import _build
 from .attention import reads_in_place
 
-__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected", "schedule"]
+__all__ = ["BWD_HEAD_DIMS", "plan_backward", "covers", "selected", "schedule", "estimate_us"]
 
 # What csrc/attention/sm90/flash_bwd_sm90_hdim*.cu instantiate (BwdHeadDims in flash_bwd_sm90.cu).
 BWD_HEAD_DIMS = (64, 128)
@@ -88,36 +88,50 @@ def _makespan(lengths: list, sms: int) -> float:
     return end
 
 
+def _walks(n_q: int, n_k: int, block_m: int, causal: bool, causal_offset: int) -> list:
+    """The query tiles each key tile x (128 keys) walks for one query head: causal, from the tile of
+    query 128·x − causal_offset on."""
+    m_tiles = -(-n_q // block_m)
+    first = [min(max(x * 128 - causal_offset, 0), n_q) if causal else 0 for x in range(-(-n_k // 128))]
+    return [m_tiles - f // block_m for f in first]
+
+
+def estimate_us(batch: int, heads_kv: int, group: int, n_q: int, n_k: int, block_m: int, causal: bool,
+                causal_offset: int, sms: int, tile_us: float, elem_bytes: int, head_dim: int, split: int,
+                longest_first: bool) -> float:
+    """The schedule model's time of the kernel (µs) under one schedule: CTA x of a (batch, virtual
+    head) walks its query tiles for group / split heads (+ cta_tiles of set-up), the CTAs start in
+    launch order (x fastest, or key-tile-major with `longest_first`) on the first free SM, each tile
+    taking tile_us (configs.CUDA_ATTENTION_BACKWARD); a split adds its float32 partials' traffic
+    (written, read back, the sums written in the dtype) at reduce_gbps."""
+    cfg = configs.CUDA_ATTENTION_BACKWARD_SPLIT
+    row = [t * (group // split) + cfg["cta_tiles"] for t in _walks(n_q, n_k, block_m, causal, causal_offset)]
+    slots = batch * heads_kv * split
+    order = [t for t in row for _ in range(slots)] if longest_first else row * slots
+    extra = 0.0
+    if split > 1:
+        elems = 2 * batch * heads_kv * n_k * head_dim
+        extra = elems * (8 * split + elem_bytes) / (cfg["reduce_gbps"] * 1e3)
+    return _makespan(order, sms) * tile_us + extra
+
+
 def schedule(batch: int, heads_kv: int, group: int, n_q: int, n_k: int, block_m: int, causal: bool,
              causal_offset: int, sms: int, tile_us: float, elem_bytes: int, head_dim: int) -> tuple:
     """(kv_split, longest_first) for a call: how many CTAs share each GQA group's query heads (a divisor
-    of `group`) and whether the CTAs run key-tile-major, by the schedule model of
-    configs.CUDA_ATTENTION_BACKWARD_SPLIT. CTA x of a (batch, virtual head) walks the query tiles that
-    see its 128 keys (causal: from the tile of query n0 − causal_offset on) of group / split heads; the
-    launch order is x fastest, or (longest_first) x slowest, which starts every slot's longest causal
-    walk first."""
+    of `group`) and whether the CTAs run key-tile-major, the fastest by `estimate_us` where it gains
+    configs.CUDA_ATTENTION_BACKWARD_SPLIT["min_gain"] over the plainer schedule. Only grids of a few
+    waves are considered (max_waves for a split, order_waves for the order of a causal grid): beyond
+    them the plain launch is kept (larger grids measured 3-10% slower key-tile-major)."""
     cfg = configs.CUDA_ATTENTION_BACKWARD_SPLIT
-    n_blocks = -(-n_k // 128)
-    ctas = batch * heads_kv * n_blocks
+    ctas = batch * heads_kv * -(-n_k // 128)
     if ctas > cfg["max_waves"] * sms and (not causal or ctas > cfg["order_waves"] * sms):
         return 1, False
-    m_tiles = -(-n_q // block_m)
-    per_head = []
-    for x in range(n_blocks):
-        first = min(max(x * 128 - causal_offset, 0), n_q) if causal else 0
-        per_head.append(m_tiles - first // block_m)
     best, best_us = (1, False), None
     splits = [s for s in range(1, group + 1) if group % s == 0] if ctas <= cfg["max_waves"] * sms else [1]
     for split in splits:
-        row = [t * (group // split) + cfg["cta_tiles"] for t in per_head]
-        slots = batch * heads_kv * split
-        extra = 0.0
-        if split > 1:  # the partials: written float32, read back, the sums written in the dtype
-            elems = 2 * batch * heads_kv * n_k * head_dim
-            extra = elems * (8 * split + elem_bytes) / (cfg["reduce_gbps"] * 1e3)
         for longest_first in ((False, True) if causal else (False,)):
-            order = [t for t in row for _ in range(slots)] if longest_first else row * slots
-            us = _makespan(order, sms) * tile_us + extra
+            us = estimate_us(batch, heads_kv, group, n_q, n_k, block_m, causal, causal_offset, sms, tile_us,
+                             elem_bytes, head_dim, split, longest_first)
             if best_us is None or us < best_us * (1 - cfg["min_gain"]):
                 best, best_us = (split, longest_first), us
     return best
