@@ -97,8 +97,8 @@ def main(argv=None) -> int:
             fn().backward(go)
         return call
 
-    def grad(fn):
-        return lambda: torch.autograd.grad(fn(), (q, k, v), go)
+    def grad(fn, inputs=(q, k, v)):
+        return lambda: torch.autograd.grad(fn(), inputs, go)
     sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
     ours = lambda: ta.attention(q, k, v, causal=True)  # noqa: E731
     cases = {
@@ -129,13 +129,14 @@ def main(argv=None) -> int:
         bwd(ours)()
     attn._attention_bwd_op = op
     print(f"of 10 backward calls, {calls['op']} went through the torch.library op (not the plan path)")
+    print(f"the wgmma backward's C++ path (attention_bwd_fast) registered: {attn._bwd_fast is not None}")
 
     # Where the engine's time goes around our node: its start, our backward, its end.
     fn_cls = attn._Attention
     print(_phases("ta.attention .backward", bwd(ours), fn_cls))
     print(_phases("ta.attention autograd.grad", grad(ours), fn_cls))
     print(_phases("identity Function .backward", bwd(lambda: _Identity.apply(q)), _Identity))
-    print(_phases("identity Function autograd.grad", grad(lambda: _Identity.apply(q)), _Identity))
+    print(_phases("identity Function autograd.grad", grad(lambda: _Identity.apply(q), (q,)), _Identity))
     # The engine's zeros for lse's unused gradient, as before set_materialize_grads(False).
     plain_fwd = fn_cls.forward
 

@@ -714,6 +714,254 @@ PyMethodDef kFastRunDef = {"fast_run", reinterpret_cast<PyCFunction>(reinterpret
                            "fast_run(plan, x, stream, poison): allocate the output and launch a registered plan; "
                            "None where the caller must take the Python path"};
 
+#if TILED_ATTN_WITH_ATTENTION && TILED_ATTN_WITH_SM90
+// ---- The C++ path of a planned wgmma attention backward (tiled_attn/cuda/attention_backward.py) ----
+// The Python run of one backward costs the host ~47 µs (H200, benchmarks/probe_autograd_host.py: five
+// allocations, the Triton delta and dQ store launches through Python, the binding's argument parsing), and
+// ~77 µs on the autograd engine's thread, where it runs in training; torch's own SDPA backward is one C++
+// node. Here one METH_FASTCALL call allocates the gradients and workspaces and launches what `run` launches,
+// in its order: delta (Triton; it zeroes the dQ accumulator), the wgmma kernel, the dQ store or the finish
+// (Triton), from a plan registered after the signature's first Python call.
+// Table of a call's tensors: the six inputs, then the plan's allocations in registration order.
+constexpr int kBwdInputs = 6;  // q, k, v, out, lse, grad_out
+constexpr int kBwdMaxTable = 16;
+
+struct PackedKernel {  // a planned Triton launch (as fast_register takes it), its tensors filled per call
+  void* function = nullptr;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 32, shared = 0;
+  std::vector<unsigned char> params;
+  std::vector<size_t> offsets;
+  std::vector<std::pair<size_t, int>> tensors;  // (parameter, table entry)
+};
+
+struct BwdFastPlan {
+  int device = 0;
+  std::vector<std::vector<int64_t>> alloc_sizes, alloc_strides;
+  std::vector<at::ScalarType> alloc_dtypes;
+  int grads[3] = {0, 0, 0};  // the table entries returned as (dq, dk, dv)
+  PackedKernel delta, finish;
+  // The wgmma kernel's arguments but its addresses: dk and dv are table entries (+ a byte offset: the
+  // two halves of one float32 partials buffer under a split).
+  tiled_attn::AttnDtype dtype = tiled_attn::AttnDtype::kFloat16;
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
+  tiled_attn::AttnStrides q_s{}, k_s{}, v_s{}, do_s{}, dk_s{}, dv_s{};
+  float scale = 1.f;
+  bool causal = false, dkv_f32 = false, longest_first = false;
+  int64_t causal_offset = 0, block_m = 64, kv_split = 1;
+  int ws = 0, acc = 0, dk = 0, dv = 0;
+  int64_t dv_offset = 0;
+};
+
+using KernelSpec = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int64_t>,
+                              std::vector<int64_t>, std::vector<int64_t>>;
+
+// spec: (function, grid, threads, shared, sizes, values, entries): Bound.fast_spec's launch with, for each
+// parameter, the table entry whose address it takes (-1: the packed value).
+bool pack_kernel(Checker& chk, const char* name, const KernelSpec& spec, int table_size, PackedKernel* k) {
+  const auto& [function, grid, threads, shared, sizes, values, entries] = spec;
+  const size_t n = sizes.size();
+  if (!(chk.value(function != 0, name, ": function must be a CUfunction handle") &&
+        chk.value(grid.size() == 3 && grid[0] >= 1 && grid[1] >= 1 && grid[2] >= 1 && grid[0] <= 2147483647 &&
+                      grid[1] < 65536 && grid[2] < 65536,
+                  name, ": grid must be 3 positive sizes within the launch limits") &&
+        chk.value(threads >= 32 && threads <= 1024 && threads % 32 == 0, name, ": threads must be a multiple of 32") &&
+        chk.value(shared >= 0, name, ": shared must be >= 0") &&
+        chk.value(values.size() == n && entries.size() == n, name, ": one value and one entry a parameter") &&
+        chk.value(n <= kFastMaxParams, name, ": at most ", kFastMaxParams, " parameters"))) {
+    return false;
+  }
+  size_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t bytes = sizes[i];
+    if (!chk.value(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8, name, ": parameter ", i,
+                   " must be 1, 2, 4 or 8 bytes") ||
+        !chk.value(entries[i] < table_size && (entries[i] < 0 || bytes == 8), name, ": parameter ", i,
+                   " takes table entry ", entries[i], " (", table_size, " entries; addresses are 8 bytes)")) {
+      return false;
+    }
+    offset = (offset + bytes - 1) / bytes * bytes;
+    k->offsets.push_back(offset);
+    if (entries[i] >= 0) k->tensors.emplace_back(i, static_cast<int>(entries[i]));
+    offset += bytes;
+  }
+  if (!chk.value(offset <= kFastMaxBytes, name, ": the parameters take more than ", kFastMaxBytes, " bytes")) {
+    return false;
+  }
+  k->params.assign(offset, 0);
+  for (size_t i = 0; i < n; ++i) std::memcpy(k->params.data() + k->offsets[i], &values[i], sizes[i]);
+  k->function = reinterpret_cast<void*>(static_cast<intptr_t>(function));
+  for (int i = 0; i < 3; ++i) k->grid[i] = static_cast<unsigned>(grid[i]);
+  k->threads = static_cast<unsigned>(threads);
+  k->shared = static_cast<unsigned>(shared);
+  return true;
+}
+
+// The CUresult of the launch (0: launched).
+int launch_packed(const PackedKernel& k, const uint64_t* addresses, cudaStream_t stream) {
+  alignas(16) unsigned char params[kFastMaxBytes];
+  void* slots[kFastMaxParams];
+  std::memcpy(params, k.params.data(), k.params.size());
+  for (const auto& [param, entry] : k.tensors) std::memcpy(params + k.offsets[param], &addresses[entry], 8);
+  for (size_t i = 0; i < k.offsets.size(); ++i) slots[i] = params + k.offsets[i];
+  return launch_kernel_fn()(k.function, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.shared, stream, slots,
+                            nullptr);
+}
+
+void free_bwd_fast_plan(PyObject* capsule) {
+  delete static_cast<BwdFastPlan*>(PyCapsule_GetPointer(capsule, "tiled_attn.BwdFastPlan"));
+}
+
+// A capsule owning the plan, or the error. `inputs`: the first call's q, k, v, out, lse, grad_out; `allocs`:
+// the tensors that call allocated (their sizes, strides and dtypes are every call's); `grads`, `ws`, `acc`,
+// `dk`, `dv`: table entries (dk / dv: what the wgmma kernel writes, dv at `dv_offset` bytes into its entry).
+std::tuple<py::object, std::string> attention_bwd_fast_register(
+    std::vector<torch::Tensor> inputs, std::vector<torch::Tensor> allocs, std::vector<int64_t> grads, int64_t ws,
+    int64_t acc, int64_t dk, int64_t dv, int64_t dv_offset, const KernelSpec& delta, const KernelSpec& finish,
+    double scale, bool causal, int64_t causal_offset, int64_t block_m, int64_t kv_split, bool longest_first) {
+  Checker chk;
+  const int table = kBwdInputs + static_cast<int>(allocs.size());
+  auto entry_ok = [&](int64_t e) { return e >= 0 && e < table; };
+  if (!(chk.value(inputs.size() == kBwdInputs, "inputs must be q, k, v, out, lse, grad_out") &&
+        chk.value(table <= kBwdMaxTable, "at most ", kBwdMaxTable - kBwdInputs, " allocations") &&
+        chk.value(grads.size() == 3 && entry_ok(grads[0]) && entry_ok(grads[1]) && entry_ok(grads[2]) &&
+                      entry_ok(ws) && entry_ok(acc) && entry_ok(dk) && entry_ok(dv) && dv_offset >= 0,
+                  "grads, ws, acc, dk and dv must be table entries") &&
+        chk.runtime(launch_kernel_fn() != nullptr, "cuLaunchKernel was not found through the CUDA runtime"))) {
+    return {py::none(), chk.error()};
+  }
+  std::vector<torch::Tensor> all(inputs);
+  all.insert(all.end(), allocs.begin(), allocs.end());
+  const torch::Tensor& q = all[0];
+  for (const auto& t : all) {
+    if (!chk.value(t.is_cuda() && t.device() == q.device() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+                   "every tensor must be on ", q.device(), " and 16-byte aligned (the alignment every call has)")) {
+      return {py::none(), chk.error()};
+    }
+  }
+  const torch::Tensor &k = all[1], &dout = all[5], &dkt = all[dk], &dvt = all[dv];
+  auto plan = std::make_unique<BwdFastPlan>();
+  if (!(chk.value(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be fp16 or bf16") &&
+        chk.value(q.dim() == 4 && k.dim() == 4 && dkt.dim() == 4 && dvt.dim() == 4, "q, k, dk and dv must be 4-D") &&
+        pack_kernel(chk, "delta", delta, table, &plan->delta) &&
+        pack_kernel(chk, "finish", finish, table, &plan->finish))) {
+    return {py::none(), chk.error()};
+  }
+  plan->device = q.get_device();
+  for (const auto& t : allocs) {
+    plan->alloc_sizes.push_back(t.sizes().vec());
+    plan->alloc_strides.push_back(t.strides().vec());
+    plan->alloc_dtypes.push_back(t.scalar_type());
+  }
+  for (int i = 0; i < 3; ++i) plan->grads[i] = static_cast<int>(grads[i]);
+  plan->dtype = q.scalar_type() == torch::kHalf ? tiled_attn::AttnDtype::kFloat16 : tiled_attn::AttnDtype::kBFloat16;
+  plan->batch = q.size(0), plan->heads_q = q.size(1), plan->seqlen_q = q.size(2), plan->head_dim = q.size(3);
+  plan->heads_kv = k.size(1), plan->seqlen_k = k.size(2);
+  plan->q_s = attn_strides(q), plan->k_s = attn_strides(k), plan->v_s = attn_strides(all[2]);
+  plan->do_s = attn_strides(dout), plan->dk_s = attn_strides(dkt), plan->dv_s = attn_strides(dvt);
+  plan->scale = static_cast<float>(scale);
+  plan->causal = causal, plan->causal_offset = causal_offset, plan->block_m = block_m;
+  plan->kv_split = kv_split, plan->longest_first = longest_first;
+  plan->dkv_f32 = dkt.scalar_type() == torch::kFloat;
+  plan->ws = static_cast<int>(ws), plan->acc = static_cast<int>(acc);
+  plan->dk = static_cast<int>(dk), plan->dv = static_cast<int>(dv), plan->dv_offset = dv_offset;
+  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.BwdFastPlan", free_bwd_fast_plan);
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return {py::none(), "PyCapsule_New failed"};
+  }
+  plan.release();
+  return {py::reinterpret_steal<py::object>(capsule), ""};
+}
+
+PyObject* raise_launch(const char* what, long code) {
+  const std::string msg = std::string(what) + " failed with error " + std::to_string(code);
+  PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+  return nullptr;
+}
+
+// attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison) -> (dq, dk, dv), or None where the
+// Python path must run the call (nothing launched): an input not a plain CUDA tensor on the plan's device, off
+// the 16-byte grid (the Python run copies such an operand; the Triton kernels were registered aligned), that
+// device not current, an allocation failed, or no CUDA context on this thread yet. A launch that fails after
+// the first raises RuntimeError (the Python path would fail the same way).
+PyObject* attention_bwd_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError,
+                    "attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison) takes 9 arguments");
+    return nullptr;
+  }
+  auto* plan = static_cast<BwdFastPlan*>(PyCapsule_GetPointer(args[0], "tiled_attn.BwdFastPlan"));
+  if (plan == nullptr) return nullptr;
+  at::Tensor table[kBwdMaxTable];
+  uint64_t addr[kBwdMaxTable] = {};
+  for (int i = 0; i < kBwdInputs; ++i) {
+    if (!THPVariable_CheckExact(args[1 + i])) Py_RETURN_NONE;
+    const at::Tensor& t = THPVariable_Unpack(args[1 + i]);
+    if (!t.is_cuda() || t.get_device() != plan->device) Py_RETURN_NONE;
+    addr[i] = reinterpret_cast<uintptr_t>(t.data_ptr());
+    if (addr[i] % 16 != 0) Py_RETURN_NONE;
+    table[i] = t;
+  }
+  const unsigned long long stream_id = PyLong_AsUnsignedLongLong(args[7]);
+  if (stream_id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  const int poison = PyObject_IsTrue(args[8]);
+  if (poison < 0) return nullptr;
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != plan->device) Py_RETURN_NONE;
+  const auto stream = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream_id));
+  try {
+    for (size_t j = 0; j < plan->alloc_sizes.size(); ++j) {
+      const int e = kBwdInputs + static_cast<int>(j);
+      table[e] = at::empty_strided(plan->alloc_sizes[j], plan->alloc_strides[j],
+                                   at::TensorOptions().dtype(plan->alloc_dtypes[j]).device(at::kCUDA, plan->device));
+      addr[e] = reinterpret_cast<uintptr_t>(table[e].data_ptr());
+    }
+    if (poison) {
+      for (int g : plan->grads) table[g].fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+  int err = launch_packed(plan->delta, addr, stream);
+  if (err == 201) Py_RETURN_NONE;  // CUDA_ERROR_INVALID_CONTEXT: no context current on this thread yet
+  if (err != 0) return raise_launch("cuLaunchKernel of the planned delta kernel", err);
+  const cudaError_t werr = tiled_attn::attention_bwd_sm90(
+      plan->dtype, table[0].data_ptr(), table[1].data_ptr(), table[2].data_ptr(), table[5].data_ptr(),
+      static_cast<const float*>(table[4].data_ptr()), static_cast<const float*>(table[plan->ws].data_ptr()),
+      static_cast<float*>(table[plan->acc].data_ptr()), table[plan->dk].data_ptr(),
+      static_cast<unsigned char*>(table[plan->dv].data_ptr()) + plan->dv_offset, plan->batch, plan->heads_q,
+      plan->heads_kv, plan->seqlen_q, plan->seqlen_k, plan->head_dim, plan->q_s, plan->k_s, plan->v_s, plan->do_s,
+      plan->dk_s, plan->dv_s, plan->scale, plan->causal, plan->causal_offset, plan->block_m, plan->dkv_f32,
+      plan->kv_split, plan->longest_first, stream);
+  if (werr != cudaSuccess) {
+    const std::string msg = std::string("CUDA wgmma attention backward kernel: ") + cudaGetErrorName(werr) + " (" +
+                            cudaGetErrorString(werr) + ")";
+    PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+    return nullptr;
+  }
+  err = launch_packed(plan->finish, addr, stream);
+  if (err != 0) return raise_launch("cuLaunchKernel of the planned dQ store kernel", err);
+  PyObject* result = PyTuple_New(3);
+  if (result == nullptr) return nullptr;
+  for (int i = 0; i < 3; ++i) {
+    PyObject* grad = THPVariable_Wrap(table[plan->grads[i]]);
+    if (grad == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result, i, grad);
+  }
+  return result;
+}
+
+PyMethodDef kAttentionBwdFastDef = {
+    "attention_bwd_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(attention_bwd_fast)),
+    METH_FASTCALL,
+    "attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison): allocate the gradients and launch a "
+    "registered wgmma backward; None where the caller must take the Python path"};
+#endif  // TILED_ATTN_WITH_ATTENTION && TILED_ATTN_WITH_SM90
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -769,6 +1017,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("longest_first"), py::arg("stream"));
   m.def("attention_bwd_sm90_head_dim_supported", &tiled_attn::attention_bwd_sm90_head_dim_supported,
         py::arg("head_dim"));
+  m.def("attention_bwd_fast_register", &attention_bwd_fast_register,
+        "(a capsule owning a planned wgmma backward for attention_bwd_fast, error ('': none))", py::arg("inputs"),
+        py::arg("allocs"), py::arg("grads"), py::arg("ws"), py::arg("acc"), py::arg("dk"), py::arg("dv"),
+        py::arg("dv_offset"), py::arg("delta"), py::arg("finish"), py::arg("scale"), py::arg("causal"),
+        py::arg("causal_offset"), py::arg("block_m"), py::arg("kv_split"), py::arg("longest_first"));
+  m.add_object("attention_bwd_fast",
+               py::reinterpret_steal<py::object>(PyCFunction_New(&kAttentionBwdFastDef, nullptr)));
   m.attr("has_attention_sm90") = true;
 #else
   m.attr("has_attention_sm90") = false;

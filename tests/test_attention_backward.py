@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 import torch
@@ -1013,6 +1014,57 @@ def test_wgmma_backward_schedules(split, longest_first, d, monkeypatch, seed):
         again = _ours(q, k, v, go, causal=causal, backend="cuda")
         for name, a, b in zip(("dk", "dv"), grads[1:], again[1:]):
             assert torch.equal(a, b), f"[{what}] {name} differs between two runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("split", [1, 2])
+def test_wgmma_backward_fast_path(split, d, monkeypatch, seed):
+    """The C++ path of a planned wgmma backward (csrc/bindings.cpp attention_bwd_fast): after a
+    signature's first call (Python, which registers it) the next calls run through it (counted), their
+    gradients meet the rule and dK / dV are bitwise the first call's; with poisoned outputs too; a dO
+    off the 16-byte grid (same signature) is declined and the Python path's copy runs instead; with
+    the C++ path off (TILED_ATTN_FAST_LAUNCH=0) none is registered."""
+    from tiled_attn import _checks, _plan
+    from tiled_attn.cuda import attention_backward as cb
+    attn = sys.modules["tiled_attn.attention"]
+    monkeypatch.setattr(cb, "schedule", lambda *args: (split, True))
+    q, k, v, go, gen = _wgmma_inputs(2, 8, 2, 300, 517, d, torch.bfloat16, seed)
+    what = f"cuda-wgmma C++ path split={split} D={d}"
+    first = _ours(q, k, v, go, causal=True, backend="cuda")
+    _check(first, q, k, v, go, None, True, None, 517 - 300, seed, what + " (first call, Python)")
+    assert attn._bwd_fast is not None, "no C++ plan was registered after the first call"
+    fast, ran = attn._bwd_fast, []
+
+    def counted(*args):
+        grads = fast(*args)
+        ran.append(grads is not None)
+        return grads
+    monkeypatch.setattr(attn, "_bwd_fast", counted)
+    for poison in (False, True):
+        monkeypatch.setattr(_checks, "POISON_OUTPUTS", poison)
+        grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=True, backend="cuda"))
+        assert ran and ran[-1], f"[{what}] the C++ path did not run ({ran})"
+        assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
+        assert any("attention_bwd_finish_kernel" in n for n in names) == (split > 1), sorted(set(names))
+        _check(grads, q, k, v, go, None, True, None, 517 - 300, seed, f"{what} poison={poison}")
+        for name, a, b in zip(("dk", "dv"), first[1:], grads[1:]):
+            assert torch.equal(a, b), f"[{what}] {name} of the C++ path differs from the Python path's"
+    monkeypatch.setattr(_checks, "POISON_OUTPUTS", False)
+    off = randn((go.numel() + 1,), go.dtype, go.device, gen)[1:].view(go.shape)  # 2 bytes off the grid
+    off.copy_(go)
+    ran.clear()
+    grads = _ours(q, k, v, off, causal=True, backend="cuda")
+    assert ran == [False], f"[{what}] a dO off the 16-byte grid was not declined ({ran})"
+    for name, a, b in zip(("dk", "dv"), first[1:], grads[1:]):
+        assert torch.equal(a, b), f"[{what}] {name} of the declined call differs"
+    _plan.clear_all()
+    monkeypatch.setattr(_plan, "FAST_LAUNCH", False)
+    ran.clear()
+    for _ in range(2):
+        _ours(q, k, v, go, causal=True, backend="cuda")
+    assert not ran, "TILED_ATTN_FAST_LAUNCH=0 still took the C++ path"
 
 
 @pytest.mark.gpu

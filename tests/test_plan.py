@@ -439,8 +439,9 @@ def _row_launch():
 
 def test_fast_spec_packs_parameters_as_triton_does():
     """The parameters fast_register gets are Triton's launcher's: the specialized-away integers
-    (== 1: "constexpr") dropped, i32 in 4 bytes, i64 in 8, pointers in 8 with their address left to
-    the call, Triton's two scratch pointers last; nothing before the aligned build exists."""
+    (== 1: "constexpr") dropped, i32 in 4 bytes, i64 in 8, fp32 in 4 (its bits), pointers in 8 with
+    their address left to the call, Triton's two scratch pointers last; nothing before the aligned
+    build exists."""
     launch = _row_launch()
     bound = launch.bind(7, 1, 2 ** 40, 3, 128)  # M, N, stride_xm, stride_xn, stride_ym
     assert bound.fast_spec() is None  # not compiled yet
@@ -449,7 +450,12 @@ def test_fast_spec_packs_parameters_as_triton_does():
     spec = bound.fast_spec()
     assert spec == dict(function=0xABC0, grid=[5, 1, 1], threads=128, shared=2048, device=launch.device.index,
                         sizes=[8, 8, 4, 8, 4, 4, 8, 8], values=[0, 0, 7, 2 ** 40, 3, 128, 0, 0], slots=[0, 1])
-    # what the C++ launch does not take: a float argument, a cluster, cooperative or PDL launch
+    # a float32 parameter: its bits in 4 bytes, as Triton's launcher packs it (pack_fp32)
+    launch.ready = (None, 0xABC0, (4, 1, 2048), False, False, types[:-1] + ("fp32",))
+    spec = launch.bind(7, 1, 2 ** 40, 3, 0.125).fast_spec()
+    assert spec["sizes"][5] == 4 and spec["values"][5] == 0x3E000000
+    # what the C++ launch does not take: an int where the signature has a float, a cluster,
+    # cooperative or PDL launch
     for ready in ((None, 1, (4, 1, 0), False, False, types[:-1] + ("fp32",)),
                   (None, 1, (4, 2, 0), False, False, types),
                   (None, 1, (4, 1, 0), True, False, types),

@@ -19,10 +19,15 @@ through the ops registered with torch.library, whose fake implementations give t
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
-__all__ = ["PlanCache", "eager", "eager_only", "clear_all", "current_stream", "current_device"]
+__all__ = ["PlanCache", "eager", "eager_only", "clear_all", "current_stream", "current_device", "FAST_LAUNCH"]
+
+# The C++ launch paths of planned calls (csrc/bindings.cpp fast_run for the softmax, attention_bwd_fast
+# for the wgmma attention backward): TILED_ATTN_FAST_LAUNCH=0 keeps every call on the Python path.
+FAST_LAUNCH = os.environ.get("TILED_ATTN_FAST_LAUNCH", "1") != "0"
 
 _CACHES: list["PlanCache"] = []
 

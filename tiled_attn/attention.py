@@ -88,12 +88,15 @@ class AttentionPlan:
 
     __slots__ = ("backend", "size", "stride", "dtype", "device", "lse_size", "lse_stride", "scale",
                  "causal", "offset", "empty", "run", "run_out", "planner", "native_kw", "mods", "store_lse",
-                 "backends")
+                 "backends", "bwd")
 
     def __init__(self, q, k, v, scale: float, causal: bool, causal_offset: int, backend: str,
                  mods: Mods | None = None, store_lse: bool = True):
         self.backend, self.scale = backend, scale
         self.backends = backend  # (forward, backward) where they differ: _plan_for sets it
+        # The backward plans of this forward's calls (_Attention.backward), by what the forward's
+        # signature leaves open: dO's strides and `deterministic`.
+        self.bwd = {}
         self.causal, self.offset, self.mods = causal, causal_offset, mods
         # store_lse=False (a plan with mods on the Triton backend, for a caller that never wants
         # lse: the KV-cache API without return_lse): forward allocates and writes out alone.
@@ -327,7 +330,7 @@ class AttentionBackwardPlan:
     inputs'); float32 for 16-bit inputs gives unrounded partials (the context-parallel ring sums
     one per block: distributed._ring_backward)."""
 
-    __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods")
+    __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods", "fast", "fast_tries")
 
     def __init__(self, q, k, v, out, grad_out, scale: float, causal: bool, causal_offset: int,
                  has_dlse: bool, backend: str, deterministic: bool, mods: Mods | None = None,
@@ -339,6 +342,9 @@ class AttentionBackwardPlan:
         # No query rows or no keys: nothing flows (every gradient is zero).
         self.empty = q.numel() == 0 or k.numel() == 0
         self.run = None
+        # The wgmma backward's C++ path (tiled_attn/cuda/attention_backward.py register_fast): made
+        # after a call without lse's gradient, then each call is one C++ call (None: it declined).
+        self.fast, self.fast_tries = None, 0
         if self.empty or backend == "torch":
             return
         if backend not in ("triton", "cuda"):
@@ -347,12 +353,19 @@ class AttentionBackwardPlan:
             from .cuda import attention_backward as cuda_backward
             self.run = cuda_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
                                                    causal_offset, has_dlse, deterministic, mods)
+            if self.run is not None and not has_dlse and _plan.FAST_LAUNCH and grad_dtype is None:
+                self.fast_tries = self.run.fast_tries
         if self.run is None:
             from .triton import attention_backward as triton_backward
             self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
                                                      causal_offset, has_dlse, deterministic, mods=mods)
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
+        if self.fast is not None:  # C++ allocates and launches (None: it declined this call)
+            grads = _bwd_fast(self.fast, q, k, v, out, lse, grad_out, _plan.current_stream(q.device.index),
+                              _checks.POISON_OUTPUTS)
+            if grads is not None:
+                return grads
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=t.device)
                       for (size, stride, dtype), t in zip(self.layouts, (q, k, v)))
         if self.empty:
@@ -368,10 +381,24 @@ class AttentionBackwardPlan:
             for g in (dq, dk, dv):
                 g.fill_(float("nan"))
         self.run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv, *extras)
+        if self.fast_tries:
+            self._register_fast(q, k, v, out, lse, grad_out, dq, dk, dv)
         return dq, dk, dv
+
+    def _register_fast(self, *tensors) -> None:
+        global _bwd_fast
+        try:
+            self.run.register_fast(*tensors)
+        except (RuntimeError, ValueError, TypeError):  # refused: this plan keeps the Python path
+            self.run.fast_tries = 0
+        self.fast, self.fast_tries = self.run.fast, self.run.fast_tries
+        if self.fast is not None and _bwd_fast is None:
+            from .cuda import _build
+            _bwd_fast = _build.load(tensors[0].device).attention_bwd_fast
 
 
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")
+_bwd_fast = None  # the extension's attention_bwd_fast, once a plan registered with it
 
 
 def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic,
@@ -450,9 +477,11 @@ class _Attention(torch.autograd.Function):
             out, lse = plan.forward(q, k, v, *extras)
             backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
         else:
+            plan = None
             backend, bwd_backend = backend if isinstance(backend, tuple) else (backend, backend)
             out, lse = _forward(q, k, v, scale, causal, causal_offset, backend, mods, extras)
         ctx.save_for_backward(q, k, v, out, lse, *extras)
+        ctx.plan = plan if mods is None else None
         ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend = scale, causal, causal_offset, bwd_backend
         ctx.lse_grad, ctx.deterministic, ctx.mods, ctx.n_extras = lse_grad, deterministic, mods, len(extras)
         if not lse_grad:
@@ -467,8 +496,20 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse, *extras = ctx.saved_tensors
         if grad_out is None:  # only lse reaches the loss (return_lse): dO = 0
             grad_out = torch.zeros_like(out)
-        args = (grad_out, q, k, v, out, lse, grad_lse if ctx.lse_grad else None, ctx.scale, ctx.causal,
-                ctx.causal_offset, ctx.backend, ctx.deterministic, ctx.mods, tuple(extras))
+        grad_lse = grad_lse if ctx.lse_grad else None
+        plan = ctx.plan
+        if (plan is not None and grad_lse is None and type(grad_out) is _Tensor and grad_out.dtype is q.dtype
+                and not torch.is_grad_enabled()):
+            # An eager call's backward (the engine's default, create_graph=False): its plan by the
+            # forward plan's key (q, k, v and out are the forward's) and dO's strides.
+            key = (grad_out.stride(), ctx.deterministic)
+            bwd = plan.bwd.get(key)
+            if bwd is None:
+                bwd = plan.bwd[key] = _backward_plan(q, k, v, out, grad_out, None, ctx.scale, ctx.causal,
+                                                     ctx.causal_offset, ctx.backend, ctx.deterministic)
+            return tuple(bwd.backward(q, k, v, out, lse, grad_out, None)) + (None,) * 7
+        args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.causal, ctx.causal_offset, ctx.backend,
+                ctx.deterministic, ctx.mods, tuple(extras))
         if not torch.is_grad_enabled():  # the engine's default (create_graph=False)
             return tuple(_backward(*args)) + (None,) * (7 + ctx.n_extras)
         with torch.no_grad():

@@ -30,7 +30,6 @@ same function, and the fastest there (DESIGN §3: None picks the fastest measure
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -137,7 +136,7 @@ def _log_kw(log: bool) -> dict:
 # were Triton's C launcher 3.95 µs, torch.empty_like 1.66 and our frames ~2.6. It needs the CUDA
 # extension (built on first use where a CUDA toolkit is installed: tiled_attn/cuda/_build.py); where
 # that cannot be had, or with TILED_ATTN_FAST_LAUNCH=0, every call takes the Python path.
-_FAST_LAUNCH = os.environ.get("TILED_ATTN_FAST_LAUNCH", "1") != "0"
+_FAST_LAUNCH = _plan.FAST_LAUNCH
 _fast_run = None  # the extension's fast_run, once a plan registered with it
 _raw_stream = _plan.current_stream
 # Why the C++ path was turned off in this process (a failed build or registration), for tests and users.

@@ -161,27 +161,80 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
                                     torch.cuda.get_device_properties(index).multi_processor_count,
                                     row.get("tile_us", 3.5), q.element_size(), d)
     if split == 1:
-        store = plan_dq_store(dq, scale, wide)
+        final = plan_dq_store(dq, scale, wide)
+        part_shape = None
     else:
-        finish = plan_finish(dq, dk, dv, scale, split, wide)
+        final = plan_finish(dq, dk, dv, scale, split, wide)
         part_shape = (2, b, hkv * split, n_k, d)
-    rows = b * hq * n_q
+    return _WgmmaBackward(kernel, delta, final, (b, hq, n_q), b * hq * n_q * d, part_shape, scale, causal,
+                          causal_offset, block_m, split, longest_first, index)
 
-    def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
-        ws = torch.empty((b, hq, n_q), dtype=torch.float32, device=device)  # lse's shape (the binding)
-        acc = torch.empty(rows * d, dtype=torch.float32, device=device)
-        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
+
+class _WgmmaBackward:
+    """A signature's wgmma backward: `run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)` launches
+    delta (it zeroes the dQ accumulator), the kernel and the dQ store (or, under a split, the finish
+    that sums the float32 partials). `register_fast` turns the same launches into one C++ call
+    (csrc/bindings.cpp attention_bwd_fast) once the Triton kernels are compiled; AttentionBackwardPlan
+    then calls `fast` and keeps this path for what it declines."""
+
+    __slots__ = ("kernel", "delta", "final", "ws_shape", "acc_numel", "part_shape", "args", "index", "fast",
+                 "fast_tries")
+
+    def __init__(self, kernel, delta, final, ws_shape, acc_numel, part_shape, scale, causal, causal_offset, block_m,
+                 split, longest_first, index):
+        self.kernel, self.delta, self.final, self.index = kernel, delta, final, index
+        self.ws_shape, self.acc_numel, self.part_shape = ws_shape, acc_numel, part_shape
+        self.args = (scale, causal, causal_offset, block_m, split, longest_first)
+        self.fast, self.fast_tries = None, 3
+
+    def _workspaces(self, device):
+        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=device)  # lse's shape (the binding)
+        acc = torch.empty(self.acc_numel, dtype=torch.float32, device=device)
+        part = None if self.part_shape is None else torch.empty(self.part_shape, dtype=torch.float32, device=device)
+        return ws, acc, part
+
+    def __call__(self, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
+        ws, acc, part = self._workspaces(q.device)
+        self.delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
         # TMA needs 16-byte bases, which a signature does not fix (a view one element in): such an
         # operand goes to the kernel as a copy (dk and dv are the plan's own allocations).
         q, k, v, grad_out = (t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
                              for t in (q, k, v, grad_out))
-        if split == 1:
-            _build.call(kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, scale, causal, causal_offset, block_m,
-                        1, longest_first, _stream(index))
-            store(acc, dq)
+        if part is None:
+            _build.call(self.kernel, q, k, v, grad_out, lse, ws, acc, dk, dv, *self.args, _stream(self.index))
+            self.final(acc, dq)
         else:
-            part = torch.empty(part_shape, dtype=torch.float32, device=device)
-            _build.call(kernel, q, k, v, grad_out, lse, ws, acc, part[0], part[1], scale, causal, causal_offset,
-                        block_m, split, longest_first, _stream(index))
-            finish(acc, dq, part, dk, dv)
-    return run
+            _build.call(self.kernel, q, k, v, grad_out, lse, ws, acc, part[0], part[1], *self.args,
+                        _stream(self.index))
+            self.final(acc, dq, part, dk, dv)
+
+    def register_fast(self, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
+        """After a call without lse's gradient on these tensors: the C++ plan of the same launches, if
+        the Triton kernels' aligned builds exist and every tensor is 16-byte aligned (what a call of
+        the C++ path must have; it declines others). Up to three tries, then the Python path stays."""
+        self.fast_tries -= 1
+        tensors = (q, k, v, out, lse, grad_out, dq, dk, dv)
+        if any(t.data_ptr() % 16 for t in tensors):
+            return
+        # The table: q, k, v, out, lse, grad_out (0-5), then what each call allocates: dq, dk, dv,
+        # ws, acc (6-10) and the partials (11).
+        ws, acc, part = self._workspaces(q.device)
+        allocs = [dq, dk, dv, ws, acc] + ([] if part is None else [part])
+        delta = self.delta.fast_spec(tensors=5)
+        final = self.final.fast_spec(tensors=2 if part is None else 5)
+        if delta is None or final is None:
+            return
+        entries = ([3, 5, 4, 9, 10], [10, 6] if part is None else [10, 6, 11, 7, 8])
+
+        def spec(s, slots):
+            table = slots + [-1] * (len(s["sizes"]) - len(slots))
+            return (s["function"], s["grid"], s["threads"], s["shared"], s["sizes"], s["values"], table)
+        if part is None:
+            dk_e, dv_e, dv_offset = 7, 8, 0
+        else:
+            dk_e, dv_e, dv_offset = 11, 11, part[1].data_ptr() - part.data_ptr()
+        ext = _build.load(q.device)
+        self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
+                                9, 10, dk_e, dv_e, dv_offset, spec(delta, entries[0]), spec(final, entries[1]),
+                                *self.args)
+        self.fast_tries = 0

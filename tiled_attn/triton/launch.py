@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import struct
 
 import torch
 from triton._C.libtriton import native_specialize_impl
@@ -202,7 +203,7 @@ class Launch:
         """(bytes, value) of each kernel parameter as Triton's launcher packs them for `args` (the
         runtime arguments; a tensor or None where the address is filled per launch), or None where that is
         not known or not plain: the all-aligned specialization not compiled yet, or an argument
-        other than a pointer or an integer. Triton drops the arguments it specialized to constants
+        other than a pointer, an integer or a float32 (passed as its bits). Triton drops the arguments it specialized to constants
         (an integer equal to 1: type "constexpr") and appends its global and profile scratch
         pointers (null: _slow checked that the kernel uses neither)."""
         ready = self.ready
@@ -216,6 +217,8 @@ class Launch:
                 packed.append((8, None if isinstance(arg, torch.Tensor) else arg))
             elif ty in _INT_BYTES and type(arg) is int:
                 packed.append((_INT_BYTES[ty], arg))
+            elif ty in ("fp32", "f32") and type(arg) is float:  # its float32 bits, as pack_fp32 passes it
+                packed.append((4, struct.unpack("<I", struct.pack("<f", arg))[0]))
             else:
                 return None
         return (*packed, (8, 0), (8, 0))
