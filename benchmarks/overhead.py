@@ -38,10 +38,22 @@ def _cases(device):
     base = gpt_example().TorchSDPAAttention(512, 8, 2, rope_theta=10000.0, device=device, dtype=bf16).eval()
     base.load_state_dict(mod.state_dict())
     xm = rnd(1, 64, 512)
+    # A training call: forward and backward through autograd (the engine's own cost in both), GQA
+    # 32/8 as a Llama layer; the returned output is what the check compares.
+    qt, kt, vt = (rnd(1, h, 128, 64).requires_grad_() for h in (32, 8, 8))
+    go = rnd(1, 32, 128, 64)
     backends = ("default", "triton", "cuda")
 
     def pinned(fn, backend):
         return fn if backend == "default" else (lambda: fn(backend))
+
+    def train(fn):
+        def step():
+            qt.grad = kt.grad = vt.grad = None
+            out = fn(qt, kt, vt)
+            out.backward(go)
+            return out.detach()
+        return step
 
     cases = [
         ("softmax 4x128 fp32", {b: pinned(lambda be=None: ta.softmax(x32, -1, backend=be), b) for b in backends},
@@ -61,6 +73,12 @@ def _cases(device):
          lambda: F.scaled_dot_product_attention(qd, kd, kd, enable_gqa=True), "F.sdpa"),
         ("ta.nn.Attention(512, 8 heads, 2 kv) forward, x (1, 64, 512)", {"default": lambda: _no_grad(mod, xm)},
          lambda: _no_grad(base, xm), "same module on F.sdpa"),
+        ("attention train (forward + backward) B=1 Hq=32 Hkv=8 N=128 D=64 causal bf16",
+         {b: train(lambda q_, k_, v_, be=(None if b == "default" else b): ta.attention(q_, k_, v_, causal=True,
+                                                                                       backend=be))
+          for b in backends},
+         train(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, enable_gqa=True)),
+         "F.sdpa"),
     ]
     return cases
 
@@ -94,8 +112,9 @@ class OverheadSuite:
 
     def describe(self, quick: bool) -> str:
         return ("ta.softmax 4x128 fp32/bf16, ta.attention prefill (B=1 H=8 N=128 D=64 causal) and decode "
-                "(Hq=32 Hkv=8 Nk=256) per backend, ta.scaled_dot_product_attention, ta.nn.Attention; "
-                "each against torch's op on the same tensors")
+                "(Hq=32 Hkv=8 Nk=256) per backend, ta.scaled_dot_product_attention, ta.nn.Attention, a "
+                "training call (forward + backward, Hq=32 Hkv=8 N=128 causal) per backend; each against "
+                "torch's op on the same tensors")
 
     def run(self, cfg) -> dict:
         t0 = time.perf_counter()

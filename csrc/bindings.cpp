@@ -814,11 +814,13 @@ void free_bwd_fast_plan(PyObject* capsule) {
 
 // A capsule owning the plan, or the error. `inputs`: the first call's q, k, v, out, lse, grad_out; `allocs`:
 // the tensors that call allocated (their sizes, strides and dtypes are every call's); `grads`, `ws`, `acc`,
-// `dk`, `dv`: table entries (dk / dv: what the wgmma kernel writes, dv at `dv_offset` bytes into its entry).
+// `dk`, `dv`: table entries (dk / dv: what the wgmma kernel writes, dv at `dv_offset` bytes into its entry);
+// dk_like / dv_like: those operands as the kernel takes them (4-D views: their strides and dtype).
 std::tuple<py::object, std::string> attention_bwd_fast_register(
     std::vector<torch::Tensor> inputs, std::vector<torch::Tensor> allocs, std::vector<int64_t> grads, int64_t ws,
-    int64_t acc, int64_t dk, int64_t dv, int64_t dv_offset, const KernelSpec& delta, const KernelSpec& finish,
-    double scale, bool causal, int64_t causal_offset, int64_t block_m, int64_t kv_split, bool longest_first) {
+    int64_t acc, int64_t dk, int64_t dv, int64_t dv_offset, const torch::Tensor& dk_like,
+    const torch::Tensor& dv_like, const KernelSpec& delta, const KernelSpec& finish, double scale, bool causal,
+    int64_t causal_offset, int64_t block_m, int64_t kv_split, bool longest_first) {
   Checker chk;
   const int table = kBwdInputs + static_cast<int>(allocs.size());
   auto entry_ok = [&](int64_t e) { return e >= 0 && e < table; };
@@ -839,10 +841,16 @@ std::tuple<py::object, std::string> attention_bwd_fast_register(
       return {py::none(), chk.error()};
     }
   }
-  const torch::Tensor &k = all[1], &dout = all[5], &dkt = all[dk], &dvt = all[dv];
+  const torch::Tensor &k = all[1], &dout = all[5], &dkt = dk_like, &dvt = dv_like;
   auto plan = std::make_unique<BwdFastPlan>();
   if (!(chk.value(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be fp16 or bf16") &&
-        chk.value(q.dim() == 4 && k.dim() == 4 && dkt.dim() == 4 && dvt.dim() == 4, "q, k, dk and dv must be 4-D") &&
+        chk.value(q.dim() == 4 && k.dim() == 4 && dkt.dim() == 4 && dvt.dim() == 4,
+                  "q, k, dk_like and dv_like must be 4-D") &&
+        chk.value(dkt.data_ptr() == all[dk].data_ptr() &&
+                      static_cast<const char*>(dvt.data_ptr()) ==
+                          static_cast<const char*>(all[dv].data_ptr()) + dv_offset &&
+                      dkt.scalar_type() == dvt.scalar_type(),
+                  "dk_like and dv_like must be views of table entries dk and dv (dv at dv_offset bytes), one dtype") &&
         pack_kernel(chk, "delta", delta, table, &plan->delta) &&
         pack_kernel(chk, "finish", finish, table, &plan->finish))) {
     return {py::none(), chk.error()};
@@ -1020,7 +1028,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_bwd_fast_register", &attention_bwd_fast_register,
         "(a capsule owning a planned wgmma backward for attention_bwd_fast, error ('': none))", py::arg("inputs"),
         py::arg("allocs"), py::arg("grads"), py::arg("ws"), py::arg("acc"), py::arg("dk"), py::arg("dv"),
-        py::arg("dv_offset"), py::arg("delta"), py::arg("finish"), py::arg("scale"), py::arg("causal"),
+        py::arg("dv_offset"), py::arg("dk_like"), py::arg("dv_like"), py::arg("delta"), py::arg("finish"),
+        py::arg("scale"), py::arg("causal"),
         py::arg("causal_offset"), py::arg("block_m"), py::arg("kv_split"), py::arg("longest_first"));
   m.add_object("attention_bwd_fast",
                py::reinterpret_steal<py::object>(PyCFunction_New(&kAttentionBwdFastDef, nullptr)));

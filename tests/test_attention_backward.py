@@ -1045,7 +1045,7 @@ def test_wgmma_backward_fast_path(split, d, monkeypatch, seed):
     for poison in (False, True):
         monkeypatch.setattr(_checks, "POISON_OUTPUTS", poison)
         grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=True, backend="cuda"))
-        assert ran and ran[-1], f"[{what}] the C++ path did not run ({ran})"
+        assert ran and ran[-1], f"[{what}] the C++ path did not run ({ran}; {attn.fast_backward_refused})"
         assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
         assert any("attention_bwd_finish_kernel" in n for n in names) == (split > 1), sorted(set(names))
         _check(grads, q, k, v, go, None, True, None, 517 - 300, seed, f"{what} poison={poison}")
@@ -1077,6 +1077,56 @@ def test_wgmma_backward_splits_a_small_gqa_grid(seed):
     assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
     assert any("attention_bwd_finish_kernel" in n for n in names), sorted(set(names))
     _check(grads, q, k, v, go, None, True, None, 0, seed, "cuda-wgmma Llama-1B shape, planned split")
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_wgmma_fast_registration_table(split, monkeypatch):
+    """What _WgmmaBackward.register_fast hands the C++ registration (CPU, the extension mocked): the
+    inputs and the per-call allocations in table order, each Triton launch's tensor parameters mapped
+    to the table entries its Python call passes (delta: out, grad_out, lse, ws, acc; store: acc, dq;
+    finish: acc, dq, partials, dk, dv), and what the wgmma kernel writes as 4-D views of table
+    entries (dk and dv, or the two halves of the float32 partials)."""
+    from tiled_attn.cuda import attention_backward as cb
+    b, hq, hkv, n_q, n_k, d = 1, 4, 2, 5, 7, 64
+    q, out, go, dq = (torch.randn(b, hq, n_q, d, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.randn(b, hkv, n_k, d, dtype=torch.bfloat16) for _ in range(4))
+    lse = torch.randn(b, hq, n_q)
+
+    class Spec:
+        def __init__(self, n):
+            self.n = n
+
+        def fast_spec(self, tensors):
+            assert tensors == self.n
+            return dict(function=1, grid=[1, 1, 1], threads=128, shared=0, sizes=[8] * tensors + [4, 8, 8],
+                        values=[0] * tensors + [7, 0, 0], slots=list(range(tensors)))
+    got = {}
+
+    class Ext:
+        @staticmethod
+        def attention_bwd_fast_register(*args):
+            got["args"] = args
+            return ("capsule", "")
+    monkeypatch.setattr(cb._build, "load", lambda device: Ext)
+    part_shape = None if split == 1 else (2, b, hkv * split, n_k, d)
+    run = cb._WgmmaBackward(None, Spec(5), Spec(2 if split == 1 else 5), (b, hq, n_q), b * hq * n_q * d, part_shape,
+                            0.125, True, 2, 64, split, False, 0)
+    run.register_fast(q, k, v, out, lse, go, dq, dk, dv)
+    assert run.fast == "capsule" and run.fast_tries == 0
+    (inputs, allocs, grads, ws, acc, dk_e, dv_e, dv_offset, dk_like, dv_like, delta, final, *rest) = got["args"]
+    table = inputs + allocs
+    assert [t is x for t, x in zip(inputs, (q, k, v, out, lse, go))] == [True] * 6
+    assert [table[i] for i in grads] == [dq, dk, dv] and grads == [6, 7, 8]
+    assert table[ws].shape == (b, hq, n_q) and table[acc].numel() == b * hq * n_q * d
+    assert rest == [0.125, True, 2, 64, split, False]
+    assert delta[-1][:5] == [3, 5, 4, ws, acc] and delta[-1][5:] == [-1, -1, -1]
+    want_final = [acc, 6] if split == 1 else [acc, 6, len(table) - 1, 7, 8]
+    assert final[-1][:len(want_final)] == want_final
+    assert dk_like.dim() == dv_like.dim() == 4 and dk_like.shape == dv_like.shape == (b, hkv * split, n_k, d)
+    assert dk_like.data_ptr() == table[dk_e].data_ptr()
+    assert dv_like.data_ptr() == table[dv_e].data_ptr() + dv_offset
+    if split > 1:
+        assert table[-1].shape == part_shape and dk_like.dtype == torch.float32 and dv_offset > 0
 
 
 @pytest.mark.parametrize("splits", [2, 3])

@@ -386,11 +386,12 @@ class AttentionBackwardPlan:
         return dq, dk, dv
 
     def _register_fast(self, *tensors) -> None:
-        global _bwd_fast
+        global _bwd_fast, fast_backward_refused
         try:
             self.run.register_fast(*tensors)
-        except (RuntimeError, ValueError, TypeError):  # refused: this plan keeps the Python path
+        except (RuntimeError, ValueError, TypeError) as e:  # refused: this plan keeps the Python path
             self.run.fast_tries = 0
+            fast_backward_refused = f"{type(e).__name__}: {e}"
         self.fast, self.fast_tries = self.run.fast, self.run.fast_tries
         if self.fast is not None and _bwd_fast is None:
             from .cuda import _build
@@ -399,6 +400,7 @@ class AttentionBackwardPlan:
 
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")
 _bwd_fast = None  # the extension's attention_bwd_fast, once a plan registered with it
+fast_backward_refused: str | None = None  # the last registration's error, for tests and users
 
 
 def _backward_plan(q, k, v, out, grad_out, grad_lse, scale, causal, causal_offset, backend, deterministic,

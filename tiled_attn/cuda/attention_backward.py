@@ -229,12 +229,11 @@ class _WgmmaBackward:
         def spec(s, slots):
             table = slots + [-1] * (len(s["sizes"]) - len(slots))
             return (s["function"], s["grid"], s["threads"], s["shared"], s["sizes"], s["values"], table)
-        if part is None:
-            dk_e, dv_e, dv_offset = 7, 8, 0
+        if part is None:  # the kernel writes dk and dv, else the two halves of the float32 partials
+            kernel_dkv = (7, 8, 0, dk, dv)
         else:
-            dk_e, dv_e, dv_offset = 11, 11, part[1].data_ptr() - part.data_ptr()
+            kernel_dkv = (11, 11, part[1].data_ptr() - part.data_ptr(), part[0], part[1])
         ext = _build.load(q.device)
         self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
-                                9, 10, dk_e, dv_e, dv_offset, spec(delta, entries[0]), spec(final, entries[1]),
-                                *self.args)
+                                9, 10, *kernel_dkv, spec(delta, entries[0]), spec(final, entries[1]), *self.args)
         self.fast_tries = 0
