@@ -714,14 +714,16 @@ PyMethodDef kFastRunDef = {"fast_run", reinterpret_cast<PyCFunction>(reinterpret
                            "fast_run(plan, x, stream, poison): allocate the output and launch a registered plan; "
                            "None where the caller must take the Python path"};
 
-#if TILED_ATTN_WITH_ATTENTION && TILED_ATTN_WITH_SM90
-// ---- The C++ path of a planned wgmma attention backward (tiled_attn/cuda/attention_backward.py) ----
-// The Python run of one backward costs the host ~47 µs (H200, benchmarks/probe_autograd_host.py: five
-// allocations, the Triton delta and dQ store launches through Python, the binding's argument parsing), and
-// ~77 µs on the autograd engine's thread, where it runs in training; torch's own SDPA backward is one C++
-// node. Here one METH_FASTCALL call allocates the gradients and workspaces and launches what `run` launches,
-// in its order: delta (Triton; it zeroes the dQ accumulator), the wgmma kernel, the dQ store or the finish
-// (Triton), from a plan registered after the signature's first Python call.
+#if TILED_ATTN_WITH_ATTENTION
+// ---- The C++ path of a planned attention backward (tiled_attn/cuda/attention_backward.py, the wgmma kernel's;
+// tiled_attn/triton/attention_backward.py, the Triton kernels') ----
+// The Python run of one wgmma backward cost the host ~47 µs (H200, benchmarks/probe_autograd_host.py: five
+// allocations, two Triton launches through Python, the binding's argument parsing), and ~77 µs on the autograd
+// engine's thread, where it runs in training; torch's own SDPA backward is one C++ node. Here one METH_FASTCALL
+// call allocates the gradients and workspaces and launches what the Python run launches, in its order: Triton
+// kernels (delta, which zeroes a dQ accumulator; the Triton dK/dV and dQ kernels or the dQ store / finish), and
+// where the plan has it, the wgmma kernel at its place among them; from a plan registered after the signature's
+// first Python call.
 // Table of a call's tensors: the six inputs, then the plan's allocations in registration order.
 constexpr int kBwdInputs = 6;  // q, k, v, out, lse, grad_out
 constexpr int kBwdMaxTable = 16;
@@ -735,14 +737,11 @@ struct PackedKernel {  // a planned Triton launch (as fast_register takes it), i
   std::vector<std::pair<size_t, int>> tensors;  // (parameter, table entry)
 };
 
-struct BwdFastPlan {
-  int device = 0;
-  std::vector<std::vector<int64_t>> alloc_sizes, alloc_strides;
-  std::vector<at::ScalarType> alloc_dtypes;
-  int grads[3] = {0, 0, 0};  // the table entries returned as (dq, dk, dv)
-  PackedKernel delta, finish;
-  // The wgmma kernel's arguments but its addresses: dk and dv are table entries (+ a byte offset: the
-  // two halves of one float32 partials buffer under a split).
+#if TILED_ATTN_WITH_SM90
+// The wgmma kernel's arguments but its addresses: lse, grad_out, q, k, v are inputs, delta and the dQ
+// accumulator table entries, dk and dv table entries (+ a byte offset: the two halves of one float32 partials
+// buffer under a split).
+struct WgmmaStep {
   tiled_attn::AttnDtype dtype = tiled_attn::AttnDtype::kFloat16;
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
   tiled_attn::AttnStrides q_s{}, k_s{}, v_s{}, do_s{}, dk_s{}, dv_s{};
@@ -752,31 +751,46 @@ struct BwdFastPlan {
   int ws = 0, acc = 0, dk = 0, dv = 0;
   int64_t dv_offset = 0;
 };
+#endif
+
+struct BwdFastPlan {
+  int device = 0;
+  std::vector<std::vector<int64_t>> alloc_sizes, alloc_strides;
+  std::vector<at::ScalarType> alloc_dtypes;
+  int grads[3] = {0, 0, 0};  // the table entries returned as (dq, dk, dv)
+  std::vector<PackedKernel> kernels;
+  int wgmma_at = -1;  // the wgmma kernel runs before kernels[wgmma_at]; -1: no wgmma step
+#if TILED_ATTN_WITH_SM90
+  WgmmaStep wgmma;
+#endif
+};
 
 using KernelSpec = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int64_t>,
                               std::vector<int64_t>, std::vector<int64_t>>;
 
 // spec: (function, grid, threads, shared, sizes, values, entries): Bound.fast_spec's launch with, for each
 // parameter, the table entry whose address it takes (-1: the packed value).
-bool pack_kernel(Checker& chk, const char* name, const KernelSpec& spec, int table_size, PackedKernel* k) {
+bool pack_kernel(Checker& chk, size_t index, const KernelSpec& spec, int table_size, PackedKernel* k) {
   const auto& [function, grid, threads, shared, sizes, values, entries] = spec;
   const size_t n = sizes.size();
-  if (!(chk.value(function != 0, name, ": function must be a CUfunction handle") &&
+  if (!(chk.value(function != 0, "kernel ", index, ": function must be a CUfunction handle") &&
         chk.value(grid.size() == 3 && grid[0] >= 1 && grid[1] >= 1 && grid[2] >= 1 && grid[0] <= 2147483647 &&
                       grid[1] < 65536 && grid[2] < 65536,
-                  name, ": grid must be 3 positive sizes within the launch limits") &&
-        chk.value(threads >= 32 && threads <= 1024 && threads % 32 == 0, name, ": threads must be a multiple of 32") &&
-        chk.value(shared >= 0, name, ": shared must be >= 0") &&
-        chk.value(values.size() == n && entries.size() == n, name, ": one value and one entry a parameter") &&
-        chk.value(n <= kFastMaxParams, name, ": at most ", kFastMaxParams, " parameters"))) {
+                  "kernel ", index, ": grid must be 3 positive sizes within the launch limits") &&
+        chk.value(threads >= 32 && threads <= 1024 && threads % 32 == 0, "kernel ", index,
+                  ": threads must be a multiple of 32") &&
+        chk.value(shared >= 0, "kernel ", index, ": shared must be >= 0") &&
+        chk.value(values.size() == n && entries.size() == n, "kernel ", index,
+                  ": one value and one entry a parameter") &&
+        chk.value(n <= kFastMaxParams, "kernel ", index, ": at most ", kFastMaxParams, " parameters"))) {
     return false;
   }
   size_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t bytes = sizes[i];
-    if (!chk.value(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8, name, ": parameter ", i,
+    if (!chk.value(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8, "kernel ", index, ": parameter ", i,
                    " must be 1, 2, 4 or 8 bytes") ||
-        !chk.value(entries[i] < table_size && (entries[i] < 0 || bytes == 8), name, ": parameter ", i,
+        !chk.value(entries[i] < table_size && (entries[i] < 0 || bytes == 8), "kernel ", index, ": parameter ", i,
                    " takes table entry ", entries[i], " (", table_size, " entries; addresses are 8 bytes)")) {
       return false;
     }
@@ -785,7 +799,8 @@ bool pack_kernel(Checker& chk, const char* name, const KernelSpec& spec, int tab
     if (entries[i] >= 0) k->tensors.emplace_back(i, static_cast<int>(entries[i]));
     offset += bytes;
   }
-  if (!chk.value(offset <= kFastMaxBytes, name, ": the parameters take more than ", kFastMaxBytes, " bytes")) {
+  if (!chk.value(offset <= kFastMaxBytes, "kernel ", index, ": the parameters take more than ", kFastMaxBytes,
+                 " bytes")) {
     return false;
   }
   k->params.assign(offset, 0);
@@ -813,22 +828,23 @@ void free_bwd_fast_plan(PyObject* capsule) {
 }
 
 // A capsule owning the plan, or the error. `inputs`: the first call's q, k, v, out, lse, grad_out; `allocs`:
-// the tensors that call allocated (their sizes, strides and dtypes are every call's); `grads`, `ws`, `acc`,
-// `dk`, `dv`: table entries (dk / dv: what the wgmma kernel writes, dv at `dv_offset` bytes into its entry);
-// dk_like / dv_like: those operands as the kernel takes them (4-D views: their strides and dtype).
-std::tuple<py::object, std::string> attention_bwd_fast_register(
-    std::vector<torch::Tensor> inputs, std::vector<torch::Tensor> allocs, std::vector<int64_t> grads, int64_t ws,
-    int64_t acc, int64_t dk, int64_t dv, int64_t dv_offset, const torch::Tensor& dk_like,
-    const torch::Tensor& dv_like, const KernelSpec& delta, const KernelSpec& finish, double scale, bool causal,
-    int64_t causal_offset, int64_t block_m, int64_t kv_split, bool longest_first) {
+// the tensors that call allocated (their sizes, strides and dtypes are every call's); `grads`: the table entries
+// returned as (dq, dk, dv); `kernels`: the Triton launches in order; `wgmma`: None, or the wgmma step
+// (at, ws, acc, dk, dv, dv_offset, dk_like, dv_like, scale, causal, causal_offset, block_m, kv_split,
+// longest_first): it runs before kernels[at]; ws, acc, dk and dv are table entries (dv at `dv_offset` bytes into
+// its entry) and dk_like / dv_like those operands as the kernel takes them (4-D views: strides and dtype).
+std::tuple<py::object, std::string> attention_bwd_fast_register(std::vector<torch::Tensor> inputs,
+                                                                std::vector<torch::Tensor> allocs,
+                                                                std::vector<int64_t> grads,
+                                                                std::vector<KernelSpec> kernels,
+                                                                const py::object& wgmma) {
   Checker chk;
   const int table = kBwdInputs + static_cast<int>(allocs.size());
   auto entry_ok = [&](int64_t e) { return e >= 0 && e < table; };
   if (!(chk.value(inputs.size() == kBwdInputs, "inputs must be q, k, v, out, lse, grad_out") &&
         chk.value(table <= kBwdMaxTable, "at most ", kBwdMaxTable - kBwdInputs, " allocations") &&
-        chk.value(grads.size() == 3 && entry_ok(grads[0]) && entry_ok(grads[1]) && entry_ok(grads[2]) &&
-                      entry_ok(ws) && entry_ok(acc) && entry_ok(dk) && entry_ok(dv) && dv_offset >= 0,
-                  "grads, ws, acc, dk and dv must be table entries") &&
+        chk.value(grads.size() == 3 && entry_ok(grads[0]) && entry_ok(grads[1]) && entry_ok(grads[2]),
+                  "grads must be three table entries") &&
         chk.runtime(launch_kernel_fn() != nullptr, "cuLaunchKernel was not found through the CUDA runtime"))) {
     return {py::none(), chk.error()};
   }
@@ -841,19 +857,50 @@ std::tuple<py::object, std::string> attention_bwd_fast_register(
       return {py::none(), chk.error()};
     }
   }
-  const torch::Tensor &k = all[1], &dout = all[5], &dkt = dk_like, &dvt = dv_like;
   auto plan = std::make_unique<BwdFastPlan>();
-  if (!(chk.value(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16, "q must be fp16 or bf16") &&
-        chk.value(q.dim() == 4 && k.dim() == 4 && dkt.dim() == 4 && dvt.dim() == 4,
-                  "q, k, dk_like and dv_like must be 4-D") &&
-        chk.value(dkt.data_ptr() == all[dk].data_ptr() &&
-                      static_cast<const char*>(dvt.data_ptr()) ==
-                          static_cast<const char*>(all[dv].data_ptr()) + dv_offset &&
-                      dkt.scalar_type() == dvt.scalar_type(),
-                  "dk_like and dv_like must be views of table entries dk and dv (dv at dv_offset bytes), one dtype") &&
-        pack_kernel(chk, "delta", delta, table, &plan->delta) &&
-        pack_kernel(chk, "finish", finish, table, &plan->finish))) {
-    return {py::none(), chk.error()};
+  plan->kernels.resize(kernels.size());
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (!pack_kernel(chk, i, kernels[i], table, &plan->kernels[i])) return {py::none(), chk.error()};
+  }
+  if (!wgmma.is_none()) {
+#if TILED_ATTN_WITH_SM90
+    const auto w = wgmma.cast<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, torch::Tensor,
+                                         torch::Tensor, double, bool, int64_t, int64_t, int64_t, bool>>();
+    const auto& [place, ws, acc, dk, dv, dv_offset, dkt, dvt, scale, causal, causal_offset, block_m, kv_split,
+                 longest_first] = w;
+    const torch::Tensor &k = all[1], &dout = all[5];
+    if (!(chk.value(place >= 0 && place <= static_cast<int64_t>(kernels.size()), "the wgmma step's place ", place,
+                    " must be within the ", kernels.size(), " kernels") &&
+          chk.value(entry_ok(ws) && entry_ok(acc) && entry_ok(dk) && entry_ok(dv) && dv_offset >= 0,
+                    "the wgmma step's ws, acc, dk and dv must be table entries") &&
+          chk.value(q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16,
+                    "the wgmma step takes fp16 or bf16 q") &&
+          chk.value(q.dim() == 4 && k.dim() == 4 && dkt.dim() == 4 && dvt.dim() == 4,
+                    "q, k, dk_like and dv_like must be 4-D") &&
+          chk.value(dkt.data_ptr() == all[dk].data_ptr() &&
+                        static_cast<const char*>(dvt.data_ptr()) ==
+                            static_cast<const char*>(all[dv].data_ptr()) + dv_offset &&
+                        dkt.scalar_type() == dvt.scalar_type(),
+                    "dk_like and dv_like must be views of table entries dk and dv (dv at dv_offset bytes), one "
+                    "dtype"))) {
+      return {py::none(), chk.error()};
+    }
+    WgmmaStep& s = plan->wgmma;
+    plan->wgmma_at = static_cast<int>(place);
+    s.dtype = q.scalar_type() == torch::kHalf ? tiled_attn::AttnDtype::kFloat16 : tiled_attn::AttnDtype::kBFloat16;
+    s.batch = q.size(0), s.heads_q = q.size(1), s.seqlen_q = q.size(2), s.head_dim = q.size(3);
+    s.heads_kv = k.size(1), s.seqlen_k = k.size(2);
+    s.q_s = attn_strides(q), s.k_s = attn_strides(k), s.v_s = attn_strides(all[2]);
+    s.do_s = attn_strides(dout), s.dk_s = attn_strides(dkt), s.dv_s = attn_strides(dvt);
+    s.scale = static_cast<float>(scale);
+    s.causal = causal, s.causal_offset = causal_offset, s.block_m = block_m;
+    s.kv_split = kv_split, s.longest_first = longest_first;
+    s.dkv_f32 = dkt.scalar_type() == torch::kFloat;
+    s.ws = static_cast<int>(ws), s.acc = static_cast<int>(acc);
+    s.dk = static_cast<int>(dk), s.dv = static_cast<int>(dv), s.dv_offset = dv_offset;
+#else
+    return {py::none(), "the extension has no wgmma backward (built without sm90)"};
+#endif
   }
   plan->device = q.get_device();
   for (const auto& t : allocs) {
@@ -862,17 +909,6 @@ std::tuple<py::object, std::string> attention_bwd_fast_register(
     plan->alloc_dtypes.push_back(t.scalar_type());
   }
   for (int i = 0; i < 3; ++i) plan->grads[i] = static_cast<int>(grads[i]);
-  plan->dtype = q.scalar_type() == torch::kHalf ? tiled_attn::AttnDtype::kFloat16 : tiled_attn::AttnDtype::kBFloat16;
-  plan->batch = q.size(0), plan->heads_q = q.size(1), plan->seqlen_q = q.size(2), plan->head_dim = q.size(3);
-  plan->heads_kv = k.size(1), plan->seqlen_k = k.size(2);
-  plan->q_s = attn_strides(q), plan->k_s = attn_strides(k), plan->v_s = attn_strides(all[2]);
-  plan->do_s = attn_strides(dout), plan->dk_s = attn_strides(dkt), plan->dv_s = attn_strides(dvt);
-  plan->scale = static_cast<float>(scale);
-  plan->causal = causal, plan->causal_offset = causal_offset, plan->block_m = block_m;
-  plan->kv_split = kv_split, plan->longest_first = longest_first;
-  plan->dkv_f32 = dkt.scalar_type() == torch::kFloat;
-  plan->ws = static_cast<int>(ws), plan->acc = static_cast<int>(acc);
-  plan->dk = static_cast<int>(dk), plan->dv = static_cast<int>(dv), plan->dv_offset = dv_offset;
   PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.BwdFastPlan", free_bwd_fast_plan);
   if (capsule == nullptr) {
     PyErr_Clear();
@@ -888,11 +924,23 @@ PyObject* raise_launch(const char* what, long code) {
   return nullptr;
 }
 
+#if TILED_ATTN_WITH_SM90
+cudaError_t run_wgmma_step(const WgmmaStep& s, const at::Tensor* table, cudaStream_t stream) {
+  return tiled_attn::attention_bwd_sm90(
+      s.dtype, table[0].data_ptr(), table[1].data_ptr(), table[2].data_ptr(), table[5].data_ptr(),
+      static_cast<const float*>(table[4].data_ptr()), static_cast<const float*>(table[s.ws].data_ptr()),
+      static_cast<float*>(table[s.acc].data_ptr()), table[s.dk].data_ptr(),
+      static_cast<unsigned char*>(table[s.dv].data_ptr()) + s.dv_offset, s.batch, s.heads_q, s.heads_kv, s.seqlen_q,
+      s.seqlen_k, s.head_dim, s.q_s, s.k_s, s.v_s, s.do_s, s.dk_s, s.dv_s, s.scale, s.causal, s.causal_offset,
+      s.block_m, s.dkv_f32, s.kv_split, s.longest_first, stream);
+}
+#endif
+
 // attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison) -> (dq, dk, dv), or None where the
 // Python path must run the call (nothing launched): an input not a plain CUDA tensor on the plan's device, off
-// the 16-byte grid (the Python run copies such an operand; the Triton kernels were registered aligned), that
-// device not current, an allocation failed, or no CUDA context on this thread yet. A launch that fails after
-// the first raises RuntimeError (the Python path would fail the same way).
+// the 16-byte grid (the Python run copies such an operand for the wgmma kernel; the Triton kernels were
+// registered aligned), that device not current, an allocation failed, or no CUDA context on this thread yet. A
+// launch that fails after the first raises RuntimeError (the Python path would fail the same way).
 PyObject* attention_bwd_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 9) {
     PyErr_SetString(PyExc_TypeError,
@@ -931,25 +979,24 @@ PyObject* attention_bwd_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   } catch (const std::exception&) {
     Py_RETURN_NONE;
   }
-  int err = launch_packed(plan->delta, addr, stream);
-  if (err == 201) Py_RETURN_NONE;  // CUDA_ERROR_INVALID_CONTEXT: no context current on this thread yet
-  if (err != 0) return raise_launch("cuLaunchKernel of the planned delta kernel", err);
-  const cudaError_t werr = tiled_attn::attention_bwd_sm90(
-      plan->dtype, table[0].data_ptr(), table[1].data_ptr(), table[2].data_ptr(), table[5].data_ptr(),
-      static_cast<const float*>(table[4].data_ptr()), static_cast<const float*>(table[plan->ws].data_ptr()),
-      static_cast<float*>(table[plan->acc].data_ptr()), table[plan->dk].data_ptr(),
-      static_cast<unsigned char*>(table[plan->dv].data_ptr()) + plan->dv_offset, plan->batch, plan->heads_q,
-      plan->heads_kv, plan->seqlen_q, plan->seqlen_k, plan->head_dim, plan->q_s, plan->k_s, plan->v_s, plan->do_s,
-      plan->dk_s, plan->dv_s, plan->scale, plan->causal, plan->causal_offset, plan->block_m, plan->dkv_f32,
-      plan->kv_split, plan->longest_first, stream);
-  if (werr != cudaSuccess) {
-    const std::string msg = std::string("CUDA wgmma attention backward kernel: ") + cudaGetErrorName(werr) + " (" +
-                            cudaGetErrorString(werr) + ")";
-    PyErr_SetString(PyExc_RuntimeError, msg.c_str());
-    return nullptr;
+  const int steps = static_cast<int>(plan->kernels.size());
+  for (int i = 0; i <= steps; ++i) {
+#if TILED_ATTN_WITH_SM90
+    if (i == plan->wgmma_at) {
+      const cudaError_t err = run_wgmma_step(plan->wgmma, table, stream);
+      if (err != cudaSuccess) {
+        const std::string msg = std::string("CUDA wgmma attention backward kernel: ") + cudaGetErrorName(err) +
+                                " (" + cudaGetErrorString(err) + ")";
+        PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+        return nullptr;
+      }
+    }
+#endif
+    if (i == steps) break;
+    const int err = launch_packed(plan->kernels[i], addr, stream);
+    if (err == 201 && i == 0) Py_RETURN_NONE;  // CUDA_ERROR_INVALID_CONTEXT: no context on this thread yet
+    if (err != 0) return raise_launch("cuLaunchKernel of a planned attention backward kernel", err);
   }
-  err = launch_packed(plan->finish, addr, stream);
-  if (err != 0) return raise_launch("cuLaunchKernel of the planned dQ store kernel", err);
   PyObject* result = PyTuple_New(3);
   if (result == nullptr) return nullptr;
   for (int i = 0; i < 3; ++i) {
@@ -967,8 +1014,9 @@ PyMethodDef kAttentionBwdFastDef = {
     "attention_bwd_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(attention_bwd_fast)),
     METH_FASTCALL,
     "attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison): allocate the gradients and launch a "
-    "registered wgmma backward; None where the caller must take the Python path"};
-#endif  // TILED_ATTN_WITH_ATTENTION && TILED_ATTN_WITH_SM90
+    "registered attention backward; None where the caller must take the Python path"};
+#endif  // TILED_ATTN_WITH_ATTENTION
+
 
 }  // namespace
 
@@ -1009,6 +1057,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("workspace"),
         py::arg("num_splits"), py::arg("scale"), py::arg("causal"), py::arg("causal_offset"), py::arg("stream"));
   m.def("attention_head_dim_supported", &tiled_attn::attention_head_dim_supported, py::arg("head_dim"));
+  m.def("attention_bwd_fast_register", &attention_bwd_fast_register,
+        "(a capsule owning a planned attention backward for attention_bwd_fast, error ('': none))",
+        py::arg("inputs"), py::arg("allocs"), py::arg("grads"), py::arg("kernels"), py::arg("wgmma"));
+  m.add_object("attention_bwd_fast",
+               py::reinterpret_steal<py::object>(PyCFunction_New(&kAttentionBwdFastDef, nullptr)));
   m.attr("has_attention") = true;
 #if TILED_ATTN_WITH_SM90  // ---- wgmma attention forward ----
   m.def("attention_fwd_sm90", &attention_fwd_sm90,
@@ -1025,14 +1078,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("longest_first"), py::arg("stream"));
   m.def("attention_bwd_sm90_head_dim_supported", &tiled_attn::attention_bwd_sm90_head_dim_supported,
         py::arg("head_dim"));
-  m.def("attention_bwd_fast_register", &attention_bwd_fast_register,
-        "(a capsule owning a planned wgmma backward for attention_bwd_fast, error ('': none))", py::arg("inputs"),
-        py::arg("allocs"), py::arg("grads"), py::arg("ws"), py::arg("acc"), py::arg("dk"), py::arg("dv"),
-        py::arg("dv_offset"), py::arg("dk_like"), py::arg("dv_like"), py::arg("delta"), py::arg("finish"),
-        py::arg("scale"), py::arg("causal"),
-        py::arg("causal_offset"), py::arg("block_m"), py::arg("kv_split"), py::arg("longest_first"));
-  m.add_object("attention_bwd_fast",
-               py::reinterpret_steal<py::object>(PyCFunction_New(&kAttentionBwdFastDef, nullptr)));
   m.attr("has_attention_sm90") = true;
 #else
   m.attr("has_attention_sm90") = false;

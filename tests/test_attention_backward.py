@@ -1016,25 +1016,22 @@ def test_wgmma_backward_schedules(split, longest_first, d, monkeypatch, seed):
             assert torch.equal(a, b), f"[{what}] {name} differs between two runs"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("split", [1, 2])
-def test_wgmma_backward_fast_path(split, d, monkeypatch, seed):
-    """The C++ path of a planned wgmma backward (csrc/bindings.cpp attention_bwd_fast): after a
+def _fast_path_case(q, k, v, go, gen, backend, deterministic, kernel, monkeypatch, seed, what):
+    """The C++ path of a planned attention backward (csrc/bindings.cpp attention_bwd_fast): after a
     signature's first call (Python, which registers it) the next calls run through it (counted), their
-    gradients meet the rule and dK / dV are bitwise the first call's; with poisoned outputs too; a dO
-    off the 16-byte grid (same signature) is declined and the Python path's copy runs instead; with
-    the C++ path off (TILED_ATTN_FAST_LAUNCH=0) none is registered."""
+    gradients meet the rule and dK / dV (all three when deterministic) are bitwise the first call's;
+    with poisoned outputs too; a dO off the 16-byte grid (same signature) is declined and the Python
+    path runs it instead; with the C++ path off (TILED_ATTN_FAST_LAUNCH=0) none is registered."""
     from tiled_attn import _checks, _plan
-    from tiled_attn.cuda import attention_backward as cb
     attn = sys.modules["tiled_attn.attention"]
-    monkeypatch.setattr(cb, "schedule", lambda *args: (split, True))
-    q, k, v, go, gen = _wgmma_inputs(2, 8, 2, 300, 517, d, torch.bfloat16, seed)
-    what = f"cuda-wgmma C++ path split={split} D={d}"
-    first = _ours(q, k, v, go, causal=True, backend="cuda")
-    _check(first, q, k, v, go, None, True, None, 517 - 300, seed, what + " (first call, Python)")
-    assert attn._bwd_fast is not None, "no C++ plan was registered after the first call"
+    n_q, n_k = q.shape[2], k.shape[2]
+
+    def call(grad_out):
+        return _ours(q, k, v, grad_out, causal=True, backend=backend, deterministic=deterministic)
+    same = slice(0 if deterministic else 1, 3)
+    first = call(go)
+    _check(first, q, k, v, go, None, True, None, n_k - n_q, seed, what + " (first call, Python)")
+    assert attn._bwd_fast is not None, f"[{what}] no C++ plan was registered ({attn.fast_backward_refused})"
     fast, ran = attn._bwd_fast, []
 
     def counted(*args):
@@ -1044,27 +1041,54 @@ def test_wgmma_backward_fast_path(split, d, monkeypatch, seed):
     monkeypatch.setattr(attn, "_bwd_fast", counted)
     for poison in (False, True):
         monkeypatch.setattr(_checks, "POISON_OUTPUTS", poison)
-        grads, names = _cuda_kernels(lambda: _ours(q, k, v, go, causal=True, backend="cuda"))
+        grads, names = _cuda_kernels(lambda: call(go))
         assert ran and ran[-1], f"[{what}] the C++ path did not run ({ran}; {attn.fast_backward_refused})"
-        assert any("flash_bwd_sm90_kernel" in n for n in names), sorted(set(names))
-        assert any("attention_bwd_finish_kernel" in n for n in names) == (split > 1), sorted(set(names))
-        _check(grads, q, k, v, go, None, True, None, 517 - 300, seed, f"{what} poison={poison}")
-        for name, a, b in zip(("dk", "dv"), first[1:], grads[1:]):
+        assert any(kernel in n for n in names), sorted(set(names))
+        _check(grads, q, k, v, go, None, True, None, n_k - n_q, seed, f"{what} poison={poison}")
+        for name, a, b in list(zip(("dq", "dk", "dv"), first, grads))[same]:
             assert torch.equal(a, b), f"[{what}] {name} of the C++ path differs from the Python path's"
     monkeypatch.setattr(_checks, "POISON_OUTPUTS", False)
     off = randn((go.numel() + 1,), go.dtype, go.device, gen)[1:].view(go.shape)  # 2 bytes off the grid
     off.copy_(go)
     ran.clear()
-    grads = _ours(q, k, v, off, causal=True, backend="cuda")
+    grads = call(off)
     assert ran == [False], f"[{what}] a dO off the 16-byte grid was not declined ({ran})"
-    for name, a, b in zip(("dk", "dv"), first[1:], grads[1:]):
+    for name, a, b in list(zip(("dq", "dk", "dv"), first, grads))[same]:
         assert torch.equal(a, b), f"[{what}] {name} of the declined call differs"
     _plan.clear_all()
     monkeypatch.setattr(_plan, "FAST_LAUNCH", False)
     ran.clear()
     for _ in range(2):
-        _ours(q, k, v, go, causal=True, backend="cuda")
-    assert not ran, "TILED_ATTN_FAST_LAUNCH=0 still took the C++ path"
+        call(go)
+    assert not ran, f"[{what}] TILED_ATTN_FAST_LAUNCH=0 still took the C++ path"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the wgmma backward runs on an H100")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("split", [1, 2])
+def test_wgmma_backward_fast_path(split, d, monkeypatch, seed):
+    """_fast_path_case for the wgmma backward, its group split or not (the finish kernel or the store)."""
+    from tiled_attn.cuda import attention_backward as cb
+    monkeypatch.setattr(cb, "schedule", lambda *args: (split, True))
+    q, k, v, go, gen = _wgmma_inputs(2, 8, 2, 300, 517, d, torch.bfloat16, seed)
+    _fast_path_case(q, k, v, go, gen, "cuda", False, "flash_bwd_sm90_kernel", monkeypatch, seed,
+                    f"cuda-wgmma C++ path split={split} D={d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_GRID, reason="the Triton backward's C++ path runs on a CUDA device")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=DT.get)
+def test_triton_backward_fast_path(deterministic, dtype, monkeypatch, seed):
+    """_fast_path_case for the Triton backward: its dQ by atomics where the config says so, or
+    (deterministic) by its own pass, every gradient then bitwise the Python path's."""
+    device = _require("triton", dtype, 64)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(2, 8, 2, 300, 517, 64, dtype, device, gen)
+    go = randn(q.shape, dtype, device, gen)
+    _fast_path_case(q, k, v, go, gen, "triton", deterministic, "attention_bwd_dkdv_kernel", monkeypatch, seed,
+                    f"triton C++ path {DT[dtype]} deterministic={deterministic}")
 
 
 @pytest.mark.gpu
@@ -1079,54 +1103,88 @@ def test_wgmma_backward_splits_a_small_gqa_grid(seed):
     _check(grads, q, k, v, go, None, True, None, 0, seed, "cuda-wgmma Llama-1B shape, planned split")
 
 
+class _FastKernel:
+    """A planned launch as register_fast sees it: fast_kernel(entries) gives the kernel tuple with the
+    table entries of its leading tensor parameters (two integer parameters after them)."""
+
+    def fast_kernel(self, entries):
+        return (1, [1, 1, 1], 128, 0, [8] * len(entries) + [4, 8], [0] * len(entries) + [7, 0],
+                list(entries) + [-1, -1])
+
+
+class _RegisterExt:
+    """attention_bwd_fast_register, recording what it was given."""
+
+    def __init__(self):
+        self.got = None
+
+    def attention_bwd_fast_register(self, *args):
+        self.got = args
+        return ("capsule", "")
+
+
+def _fast_operands(b=1, hq=4, hkv=2, n_q=5, n_k=7, d=64, dtype=torch.bfloat16):
+    q, out, go, dq = (torch.randn(b, hq, n_q, d, dtype=dtype) for _ in range(4))
+    k, v, dk, dv = (torch.randn(b, hkv, n_k, d, dtype=dtype) for _ in range(4))
+    return q, k, v, out, torch.randn(b, hq, n_q), go, dq, dk, dv
+
+
 @pytest.mark.parametrize("split", [1, 2])
-def test_wgmma_fast_registration_table(split, monkeypatch):
-    """What _WgmmaBackward.register_fast hands the C++ registration (CPU, the extension mocked): the
-    inputs and the per-call allocations in table order, each Triton launch's tensor parameters mapped
-    to the table entries its Python call passes (delta: out, grad_out, lse, ws, acc; store: acc, dq;
-    finish: acc, dq, partials, dk, dv), and what the wgmma kernel writes as 4-D views of table
-    entries (dk and dv, or the two halves of the float32 partials)."""
+def test_wgmma_fast_registration_table(split):
+    """What the wgmma backward's register_fast hands the C++ registration (CPU, the extension mocked):
+    the inputs and the per-call allocations in table order, each Triton launch's tensor parameters
+    mapped to the table entries its Python call passes (delta: out, grad_out, lse, ws, acc; store:
+    acc, dq; finish: acc, dq, partials, dk, dv), and the wgmma step between them writing 4-D views
+    of table entries (dk and dv, or the two halves of the float32 partials)."""
     from tiled_attn.cuda import attention_backward as cb
-    b, hq, hkv, n_q, n_k, d = 1, 4, 2, 5, 7, 64
-    q, out, go, dq = (torch.randn(b, hq, n_q, d, dtype=torch.bfloat16) for _ in range(4))
-    k, v, dk, dv = (torch.randn(b, hkv, n_k, d, dtype=torch.bfloat16) for _ in range(4))
-    lse = torch.randn(b, hq, n_q)
-
-    class Spec:
-        def __init__(self, n):
-            self.n = n
-
-        def fast_spec(self, tensors):
-            assert tensors == self.n
-            return dict(function=1, grid=[1, 1, 1], threads=128, shared=0, sizes=[8] * tensors + [4, 8, 8],
-                        values=[0] * tensors + [7, 0, 0], slots=list(range(tensors)))
-    got = {}
-
-    class Ext:
-        @staticmethod
-        def attention_bwd_fast_register(*args):
-            got["args"] = args
-            return ("capsule", "")
-    monkeypatch.setattr(cb._build, "load", lambda device: Ext)
+    tensors = _fast_operands()
+    q, k, v, out, lse, go, dq, dk, dv = tensors
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
     part_shape = None if split == 1 else (2, b, hkv * split, n_k, d)
-    run = cb._WgmmaBackward(None, Spec(5), Spec(2 if split == 1 else 5), (b, hq, n_q), b * hq * n_q * d, part_shape,
+    run = cb._WgmmaBackward(None, _FastKernel(), _FastKernel(), (b, hq, n_q), b * hq * n_q * d, part_shape,
                             0.125, True, 2, 64, split, False, 0)
-    run.register_fast(q, k, v, out, lse, go, dq, dk, dv)
+    ext = _RegisterExt()
+    run.register_fast(ext, *tensors)
     assert run.fast == "capsule" and run.fast_tries == 0
-    (inputs, allocs, grads, ws, acc, dk_e, dv_e, dv_offset, dk_like, dv_like, delta, final, *rest) = got["args"]
+    inputs, allocs, grads, kernels, wgmma = ext.got
     table = inputs + allocs
     assert [t is x for t, x in zip(inputs, (q, k, v, out, lse, go))] == [True] * 6
-    assert [table[i] for i in grads] == [dq, dk, dv] and grads == [6, 7, 8]
+    assert [table[i] is x for i, x in zip(grads, (dq, dk, dv))] == [True] * 3
+    place, ws, acc, dk_e, dv_e, dv_offset, dk_like, dv_like, *rest = wgmma
+    assert place == 1 and rest == [0.125, True, 2, 64, split, False]
     assert table[ws].shape == (b, hq, n_q) and table[acc].numel() == b * hq * n_q * d
-    assert rest == [0.125, True, 2, 64, split, False]
-    assert delta[-1][:5] == [3, 5, 4, ws, acc] and delta[-1][5:] == [-1, -1, -1]
-    want_final = [acc, 6] if split == 1 else [acc, 6, len(table) - 1, 7, 8]
-    assert final[-1][:len(want_final)] == want_final
+    assert kernels[0][-1] == [3, 5, 4, ws, acc, -1, -1]
+    want = [acc, 6] if split == 1 else [acc, 6, len(table) - 1, 7, 8]
+    assert kernels[1][-1] == want + [-1, -1]
     assert dk_like.dim() == dv_like.dim() == 4 and dk_like.shape == dv_like.shape == (b, hkv * split, n_k, d)
     assert dk_like.data_ptr() == table[dk_e].data_ptr()
     assert dv_like.data_ptr() == table[dv_e].data_ptr() + dv_offset
     if split > 1:
         assert table[-1].shape == part_shape and dk_like.dtype == torch.float32 and dv_offset > 0
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["dq-pass", "atomic"])
+def test_triton_fast_registration_table(atomic):
+    """The same for the Triton backward's register_fast: delta (out, grad_out, lse, ws, and the
+    accumulator or ws again), dK/dV (q, k, v, grad_out, lse, ws, dk, dv, accumulator or ws), then
+    the dQ pass (q, k, v, grad_out, lse, ws, dq) or the dQ store (acc, dq); no wgmma step."""
+    from tiled_attn.triton import attention_backward as tb
+    tensors = _fast_operands()
+    q, k, v, out, lse, go, dq, dk, dv = tensors
+    rows = q.shape[0] * q.shape[1] * q.shape[2]
+    run = tb._TritonBackward(_FastKernel(), _FastKernel(), _FastKernel(), rows, rows * q.shape[3] if atomic else 0)
+    ext = _RegisterExt()
+    run.register_fast(ext, *tensors)
+    assert run.fast == "capsule" and run.fast_tries == 0
+    inputs, allocs, grads, kernels, wgmma = ext.got
+    table = inputs + allocs
+    assert wgmma is None and grads == [6, 7, 8] and [table[i] is x for i, x in zip(grads, (dq, dk, dv))] == [True] * 3
+    assert table[9].shape == (rows,) and table[9].dtype == torch.float32
+    a = 10 if atomic else 9
+    assert len(table) == (11 if atomic else 10)
+    assert [kn[-1][:-2] for kn in kernels] == [[3, 5, 4, 9, a], [0, 1, 2, 5, 4, 9, 7, 8, a],
+                                              [10, 6] if atomic else [0, 1, 2, 5, 4, 9, 6]]
 
 
 @pytest.mark.parametrize("splits", [2, 3])

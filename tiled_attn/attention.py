@@ -353,12 +353,13 @@ class AttentionBackwardPlan:
             from .cuda import attention_backward as cuda_backward
             self.run = cuda_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
                                                    causal_offset, has_dlse, deterministic, mods)
-            if self.run is not None and not has_dlse and _plan.FAST_LAUNCH and grad_dtype is None:
-                self.fast_tries = self.run.fast_tries
         if self.run is None:
             from .triton import attention_backward as triton_backward
             self.run = triton_backward.plan_backward(q, k, v, out, grad_out, *grads, scale, causal,
                                                      causal_offset, has_dlse, deterministic, mods=mods)
+        if (hasattr(self.run, "register_fast") and not has_dlse and grad_dtype is None and _plan.FAST_LAUNCH
+                and q.device.type == "cuda"):
+            self.fast_tries = self.run.fast_tries
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         if self.fast is not None:  # C++ allocates and launches (None: it declined this call)
@@ -386,16 +387,22 @@ class AttentionBackwardPlan:
         return dq, dk, dv
 
     def _register_fast(self, *tensors) -> None:
+        """The C++ path of this plan's launches (run.register_fast), through the extension the
+        softmax's C++ launches use (tiled_attn/softmax.py _fast_extension: none where it cannot be
+        built or TILED_ATTN_FAST_LAUNCH=0; the Python path then stays)."""
         global _bwd_fast, fast_backward_refused
+        from .softmax import _fast_extension
+        ext = _fast_extension(tensors[0].device)
         try:
-            self.run.register_fast(*tensors)
+            if ext is None:
+                raise RuntimeError("no CUDA extension for C++ launches here")
+            self.run.register_fast(ext, *tensors)
         except (RuntimeError, ValueError, TypeError) as e:  # refused: this plan keeps the Python path
             self.run.fast_tries = 0
             fast_backward_refused = f"{type(e).__name__}: {e}"
         self.fast, self.fast_tries = self.run.fast, self.run.fast_tries
         if self.fast is not None and _bwd_fast is None:
-            from .cuda import _build
-            _bwd_fast = _build.load(tensors[0].device).attention_bwd_fast
+            _bwd_fast = ext.attention_bwd_fast
 
 
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")

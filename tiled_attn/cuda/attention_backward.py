@@ -208,32 +208,29 @@ class _WgmmaBackward:
                         _stream(self.index))
             self.final(acc, dq, part, dk, dv)
 
-    def register_fast(self, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
-        """After a call without lse's gradient on these tensors: the C++ plan of the same launches, if
-        the Triton kernels' aligned builds exist and every tensor is 16-byte aligned (what a call of
-        the C++ path must have; it declines others). Up to three tries, then the Python path stays."""
+    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
+        """After a call without lse's gradient on these tensors: the C++ plan of the same launches
+        (`ext`'s attention_bwd_fast_register), if the Triton kernels' aligned builds exist and every
+        tensor is 16-byte aligned (what a call of the C++ path must have; it declines others). Up to
+        three tries, then the Python path stays."""
         self.fast_tries -= 1
-        tensors = (q, k, v, out, lse, grad_out, dq, dk, dv)
-        if any(t.data_ptr() % 16 for t in tensors):
+        if any(t.data_ptr() % 16 for t in (q, k, v, out, lse, grad_out, dq, dk, dv)):
             return
         # The table: q, k, v, out, lse, grad_out (0-5), then what each call allocates: dq, dk, dv,
         # ws, acc (6-10) and the partials (11).
         ws, acc, part = self._workspaces(q.device)
         allocs = [dq, dk, dv, ws, acc] + ([] if part is None else [part])
-        delta = self.delta.fast_spec(tensors=5)
-        final = self.final.fast_spec(tensors=2 if part is None else 5)
-        if delta is None or final is None:
+        kernels = [self.delta.fast_kernel([3, 5, 4, 9, 10]),
+                   self.final.fast_kernel([10, 6] if part is None else [10, 6, 11, 7, 8])]
+        if None in kernels:
             return
-        entries = ([3, 5, 4, 9, 10], [10, 6] if part is None else [10, 6, 11, 7, 8])
-
-        def spec(s, slots):
-            table = slots + [-1] * (len(s["sizes"]) - len(slots))
-            return (s["function"], s["grid"], s["threads"], s["shared"], s["sizes"], s["values"], table)
         if part is None:  # the kernel writes dk and dv, else the two halves of the float32 partials
             kernel_dkv = (7, 8, 0, dk, dv)
         else:
             kernel_dkv = (11, 11, part[1].data_ptr() - part.data_ptr(), part[0], part[1])
-        ext = _build.load(q.device)
+        # The wgmma kernel between delta and the store: (place, ws, acc, dk, dv, dv offset, the 4-D
+        # views it writes, then its scalars).
+        wgmma = (1, 9, 10, *kernel_dkv, *self.args)
         self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
-                                9, 10, *kernel_dkv, spec(delta, entries[0]), spec(final, entries[1]), *self.args)
+                                kernels, wgmma)
         self.fast_tries = 0

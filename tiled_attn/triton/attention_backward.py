@@ -95,26 +95,64 @@ def plan_backward(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: bool
                                       qk_scale, scale, n_tiles)
     delta_size = b * hq * n_q
     if atomic:
-        store = plan_dq_store(dq, scale, wide, dkdv["UPCAST"])
-
-        def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
-            ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-            acc = torch.empty(delta_size * d, dtype=torch.float32, device=device)
-            delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
-            dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, acc)
-            store(acc, dq)
-        return run
-
+        return _TritonBackward(delta, dkdv_launch, plan_dq_store(dq, scale, wide, dkdv["UPCAST"]), delta_size,
+                               delta_size * d)
     dq_launch = Launch(attention_bwd_dq_kernel, (b * hq * m_tiles,), dict(dqc, WIDE=wide),
                        device).bind(*sq, *sk, *sv, *sdo, *sdq, hq, hq // hkv, n_q, n_k, offset,
                                     qk_scale, scale, m_tiles)
+    return _TritonBackward(delta, dkdv_launch, dq_launch, delta_size, 0)
 
-    def run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
-        ws = torch.empty(delta_size, dtype=torch.float32, device=device)
-        delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, ws)
-        dkdv_launch(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
-        dq_launch(q, k, v, grad_out, lse, ws, dq)
-    return run
+
+class _TritonBackward:
+    """A signature's Triton backward: `run(q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)` launches
+    delta, the dK/dV kernel and the dQ pass, or with a dQ accumulator (atomic mode, acc_numel > 0:
+    delta zeroes it, the dK/dV kernel adds dQ to it) the dQ store. `register_fast` turns the same
+    launches into one C++ call (csrc/bindings.cpp attention_bwd_fast) once they are compiled;
+    tiled_attn/attention.py AttentionBackwardPlan then calls `fast` and keeps this path for what it
+    declines."""
+
+    __slots__ = ("delta", "dkdv", "last", "ws_numel", "acc_numel", "fast", "fast_tries")
+
+    def __init__(self, delta, dkdv, last, ws_numel: int, acc_numel: int):
+        self.delta, self.dkdv, self.last = delta, dkdv, last
+        self.ws_numel, self.acc_numel = ws_numel, acc_numel
+        self.fast, self.fast_tries = None, 3
+
+    def _workspaces(self, device):
+        ws = torch.empty(self.ws_numel, dtype=torch.float32, device=device)
+        acc = torch.empty(self.acc_numel, dtype=torch.float32, device=device) if self.acc_numel else None
+        return ws, acc
+
+    def __call__(self, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv):
+        ws, acc = self._workspaces(q.device)
+        if acc is not None:
+            self.delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, acc)  # zeroes acc
+            self.dkdv(q, k, v, grad_out, lse, ws, dk, dv, acc)
+            self.last(acc, dq)
+        else:
+            self.delta(out, grad_out, lse if grad_lse is None else grad_lse, ws, ws)
+            self.dkdv(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
+            self.last(q, k, v, grad_out, lse, ws, dq)
+
+    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
+        """As the wgmma backward's (tiled_attn/cuda/attention_backward.py): after a call without lse's
+        gradient on these tensors, the C++ plan of the same launches, if their aligned builds exist
+        and every tensor is 16-byte aligned; up to three tries."""
+        self.fast_tries -= 1
+        if any(t.data_ptr() % 16 for t in (q, k, v, out, lse, grad_out, dq, dk, dv)):
+            return
+        # The table: q, k, v, out, lse, grad_out (0-5), then dq, dk, dv, ws (6-9) and the accumulator (10).
+        ws, acc = self._workspaces(q.device)
+        a = 9 if acc is None else 10  # delta's and dK/dV's last tensor: the accumulator, or ws again
+        kernels = [self.delta.fast_kernel([3, 5, 4, 9, a]), self.dkdv.fast_kernel([0, 1, 2, 5, 4, 9, 7, 8, a]),
+                   self.last.fast_kernel([0, 1, 2, 5, 4, 9, 6] if acc is None else [10, 6])]
+        if None in kernels:
+            return
+        from ..cuda import _build
+        allocs = [dq, dk, dv, ws] + ([] if acc is None else [acc])
+        self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
+                                kernels, None)
+        self.fast_tries = 0
 
 
 def plan_delta(out, grad_out, has_dlse: bool, wide: bool, zero_acc: bool = False) -> Launch:

@@ -273,3 +273,15 @@ class Bound:
         return dict(function=ready[1], grid=list(launch.grid), threads=32 * num_warps, shared=shared,
                     device=launch.device.index, sizes=[b for b, _ in params],
                     values=[0 if v is None else v for _, v in params], slots=list(range(tensors)))
+
+    def fast_kernel(self, entries: list) -> tuple | None:
+        """This launch as csrc/bindings.cpp attention_bwd_fast_register takes a kernel: (function,
+        grid, threads, shared, sizes, values, table entries), the leading len(entries) parameters
+        being tensors whose addresses a call takes from those entries of its table (the rest: -1);
+        None where fast_spec is."""
+        spec = self.fast_spec(tensors=len(entries))
+        if spec is None:
+            return None
+        table = list(entries) + [-1] * (len(spec["sizes"]) - len(entries))
+        return (spec["function"], spec["grid"], spec["threads"], spec["shared"], spec["sizes"], spec["values"],
+                table)
