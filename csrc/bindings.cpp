@@ -727,6 +727,10 @@ PyMethodDef kFastRunDef = {"fast_run", reinterpret_cast<PyCFunction>(reinterpret
 // Table of a call's tensors: the six inputs, then the plan's allocations in registration order.
 constexpr int kBwdInputs = 6;  // q, k, v, out, lse, grad_out
 constexpr int kBwdMaxTable = 16;
+// The Triton dK/dV kernel takes 37 parameters (9 addresses, 18 strides, 8 scalars, Triton's 2 scratch
+// pointers), about 200 bytes: more than a softmax kernel's fast_run limits.
+constexpr size_t kPackedMaxParams = 64;
+constexpr size_t kPackedMaxBytes = 512;
 
 struct PackedKernel {  // a planned Triton launch (as fast_register takes it), its tensors filled per call
   void* function = nullptr;
@@ -782,7 +786,7 @@ bool pack_kernel(Checker& chk, size_t index, const KernelSpec& spec, int table_s
         chk.value(shared >= 0, "kernel ", index, ": shared must be >= 0") &&
         chk.value(values.size() == n && entries.size() == n, "kernel ", index,
                   ": one value and one entry a parameter") &&
-        chk.value(n <= kFastMaxParams, "kernel ", index, ": at most ", kFastMaxParams, " parameters"))) {
+        chk.value(n <= kPackedMaxParams, "kernel ", index, ": at most ", kPackedMaxParams, " parameters"))) {
     return false;
   }
   size_t offset = 0;
@@ -799,7 +803,7 @@ bool pack_kernel(Checker& chk, size_t index, const KernelSpec& spec, int table_s
     if (entries[i] >= 0) k->tensors.emplace_back(i, static_cast<int>(entries[i]));
     offset += bytes;
   }
-  if (!chk.value(offset <= kFastMaxBytes, "kernel ", index, ": the parameters take more than ", kFastMaxBytes,
+  if (!chk.value(offset <= kPackedMaxBytes, "kernel ", index, ": the parameters take more than ", kPackedMaxBytes,
                  " bytes")) {
     return false;
   }
@@ -814,8 +818,8 @@ bool pack_kernel(Checker& chk, size_t index, const KernelSpec& spec, int table_s
 
 // The CUresult of the launch (0: launched).
 int launch_packed(const PackedKernel& k, const uint64_t* addresses, cudaStream_t stream) {
-  alignas(16) unsigned char params[kFastMaxBytes];
-  void* slots[kFastMaxParams];
+  alignas(16) unsigned char params[kPackedMaxBytes];
+  void* slots[kPackedMaxParams];
   std::memcpy(params, k.params.data(), k.params.size());
   for (const auto& [param, entry] : k.tensors) std::memcpy(params + k.offsets[param], &addresses[entry], 8);
   for (size_t i = 0; i < k.offsets.size(); ++i) slots[i] = params + k.offsets[i];
