@@ -19,6 +19,10 @@ splits each group's query heads among CTAs, and a causal grid of a few waves may
 (kv_split·B·Hkv·Nk·D floats each, only for grids of at most CUDA_ATTENTION_BACKWARD_SPLIT["max_waves"]
 CTAs per SM, so bounded by a constant times the SM count) and the store kernel
 (attention_bwd_finish_kernel) sums them in a fixed order.
+
+After a signature's first call the same launches run from C++ (`_WgmmaBackward.register_fast`,
+csrc/bindings.cpp attention_bwd_fast: the allocations and three launches in one call, what a
+training step's host time was mostly spent on; tiled_attn/attention.py AttentionBackwardPlan).
 """
 from __future__ import annotations
 

@@ -1,11 +1,14 @@
 """The Triton attention backward: plan the three launches of attention_bwd.py (delta, dK/dV, dQ).
 
-Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "triton" and for backend
-"cuda" (the CUDA backend has no backward kernels of its own: its forward saves the same lse, so the
-Triton backward serves both). `plan_backward` does what depends only on the signature (the config
-rows of configs.TRITON_ATTENTION_BACKWARD, the dQ mode, constexprs, grids) and returns the launches
-as a function; a call then costs its workspaces (delta; the float32 dQ accumulator in the atomic
-mode) and three launches through their compiled kernels (launch.py).
+Called by tiled_attn/attention.py (AttentionBackwardPlan) for backend "triton", and for backend
+"cuda" where its wgmma backward (tiled_attn/cuda/attention_backward.py) does not cover the call
+(other GPUs and head dims, deterministic=True, float32): the forwards save the same lse.
+`plan_backward` does what depends only on the signature (the config rows of
+configs.TRITON_ATTENTION_BACKWARD, the dQ mode, constexprs, grids) and returns the launches
+(`_TritonBackward`); a call then costs its workspaces (delta; the float32 dQ accumulator in the
+atomic mode) and three launches through their compiled kernels (launch.py), or, after the
+signature's first call, one C++ call that allocates and launches the same (`register_fast`,
+csrc/bindings.cpp attention_bwd_fast).
 """
 from __future__ import annotations
 
