@@ -56,10 +56,12 @@ def test_backward_kernel_in_the_emulator(emulator, head_dim):
 # A planted bug and what the emulator must report for it. short_count: the slot-release mbarriers count
 # one consumer warpgroup (128 arrivals) too few, so the producer refills a Q / dO slot the lagging
 # consumer's wgmmas still read. short_named: the named barrier releases one consumer alone, whose dQ
-# wgmma then reads dS rows the other has not stored.
+# wgmma then reads dS rows the other has not stored. no_bulk_wait: cp.async.bulk.wait_group.read
+# returns at once, so a consumer rewrites its dQ buffer while the last tile's reduce-add may still read it.
 MUTATIONS = {
     "short_count": r"deadlock|before .* waited|overwrites|lands on",
     "short_named": r"never written|no __syncthreads|overwrites|changed while",
+    "no_bulk_wait": r"overwrites the source of a bulk reduce-add|exited with a bulk reduce-add",
 }
 
 

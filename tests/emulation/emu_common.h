@@ -105,6 +105,7 @@ struct ByteState {
   int read_epoch = -1, reader_warp = -1;  // last generic read (-2: several warps, or a warpgroup's wgmma)
   int pending = 0;             // cp.async (or TMA) issued and not yet complete
   int wgmma_readers = 0;       // wgmma ops in flight that read this byte (the sm90 emulator's)
+  int bulk_readers = 0;        // bulk reduce-adds that have not read this byte yet (sm90: wait_group.read)
   // Written by a TMA (the sm90 emulator's): the mbarrier its bytes complete on and the phase count
   // that barrier reaches when that phase completes; a reader must have waited for it (on_tma_byte).
   int tma_bar = -1;
@@ -207,6 +208,8 @@ inline void check_byte_write(uint32_t addr, const char* what) {
   host(addr, 1, what);
   ByteState& b = g_bytes[addr];
   if (b.wgmma_readers) fail(std::string(what) + ": overwrites an operand of a wgmma still in flight");
+  if (b.bulk_readers)
+    fail(std::string(what) + ": overwrites the source of a bulk reduce-add before its wait_group.read");
   if (b.tma_bar >= 0) on_tma_byte(b, what);
   // reader_warp -(10 + w): last read by warpgroup w's wgmmas, all complete (wgmma_readers is 0): that
   // warpgroup's own threads may overwrite it (their wait_group ordered the read before).

@@ -1,16 +1,17 @@
 // flash_bwd_sm90_emulator.cpp: runs csrc/attention/sm90/flash_bwd_sm90_kernel.cuh (the wgmma attention
 // backward: a TMA producer warpgroup, two consumer warpgroups) on the CPU, unchanged, through its entry
 // attention_bwd_sm90. What a host compiler cannot run is emulated from the PTX ISA: wgmma (with
-// imm-trans-a, N = 32), mbarrier, TMA, setmaxnreg, bar.sync on named barriers and red.global.add.v2.f32
-// are sm90_emu.h's (shared with flash_fwd_sm90_emulator.cpp); cp.async, st/ld.shared, __syncthreads,
-// the fibers and the race checks are emu_common.h's. The dynamic shared memory window starts at a
+// imm-trans-a, N = 32), mbarrier, TMA loads and reduce-adds (cp.reduce.async.bulk.tensor, its bulk
+// groups), setmaxnreg and bar.sync on named barriers are sm90_emu.h's (shared with
+// flash_fwd_sm90_emulator.cpp); cp.async, st/ld.shared, __syncthreads, the fibers and the race checks
+// are emu_common.h's. The dynamic shared memory window starts at a
 // random 16-byte-aligned address and one warpgroup in two cases lags the others (as in the forward's).
 // Per case, against a float64 reference on the same rounded inputs, with lse and delta computed here
 // (lse of the scaled scores, out rounded to the dtype, delta = rowsum(dout · out), both float32, as
 // the kernel gets them): dq (scale · dq_accum), dk and dv within tol · max(max|ref|, 1e-3) (fp16 2e-2,
 // bf16 6e-2: P and dS are rounded to 16 bits before their products, dk / dv to 16 bits at the end);
 // every dk / dv element written (they start NaN), nothing written outside dk / dv / dq_accum (guards,
-// stride padding), the dq reductions only into dq_accum (red_add_f32x2's check).
+// stride padding), the dq reduce-adds only into dq_accum (tma_reduce_add_4d's check).
 //
 // Build and run (CPU only; tests/test_cuda_attention_bwd_sm90.py does this):
 //   g++ -std=c++17 -O1 -Wno-attributes -I<cuda>/include -Icsrc -DTILED_ATTN_EMULATION
@@ -18,8 +19,8 @@
 // Optional arguments: a head dim (0: all), a seed (inputs, thread schedule, shared-memory base, which
 // warpgroup lags). Environment, for the emulator's own test: TILED_ATTN_EMU_LAG=W (warpgroup W lags in
 // every case), TILED_ATTN_EMU_MUTATE=short_count (the slot-release mbarriers count one consumer
-// warpgroup fewer) or short_named (named barriers release half the threads they name): bugs the
-// emulator must catch.
+// warpgroup fewer), short_named (named barriers release half the threads they name) or no_bulk_wait
+// (cp.async.bulk.wait_group.read returns at once): bugs the emulator must catch.
 #define EMU_KERNEL_NAMESPACE flash_fwd_sm90
 #include "emu_common.h"
 #include "sm90_emu.h"

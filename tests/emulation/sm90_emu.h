@@ -23,8 +23,10 @@
 //     tile loads (cp.async.bulk.tensor.4d, 128-byte swizzle, zero fill out of bounds, completion at a
 //     random later scheduling round; a reader must have waited for the phase its bytes complete),
 //     setmaxnreg (a warpgroup collective);
-//   bar.sync id, threads (named barriers: see named_barrier_sync for what the hazard checks assume) and
-//     red.global.add.v2.f32 (into a registered buffer only).
+//   TMA reduce-adds (cp.reduce.async.bulk.tensor.4d from shared memory into a registered float32
+//     buffer only; bulk groups: the source is read at the issuing thread's wait_group.read, and no
+//     thread may overwrite it before);
+//   bar.sync id, threads (named barriers: see named_barrier_sync for what the hazard checks assume).
 // The hooks emu_common.h declares are defined here. Include once, after defining EMU_KERNEL_NAMESPACE
 // as flash_fwd_sm90 (the namespace of the kernels' PTX wrappers) and before the kernel headers; each
 // emulator then defines its launchers (launch_grid over the kernel) and its cases.
@@ -68,6 +70,11 @@ struct WgState {
   std::vector<std::shared_ptr<WgmmaOp>> wg_open;                // issued, not committed
   std::deque<std::vector<std::shared_ptr<WgmmaOp>>> wg_groups;  // committed, not complete
   std::map<float*, int> acc_in_flight;                          // accumulator array -> ops in flight on it
+  // Bulk reduce-adds (cp.reduce.async.bulk.tensor) of this thread: per element its shared source and
+  // global destination (null: outside the tensor, skipped); issued, then committed groups.
+  using BulkOp = std::vector<std::pair<uint32_t, float*>>;
+  std::vector<BulkOp> bulk_open;
+  std::deque<std::vector<BulkOp>> bulk_groups;
 };
 std::vector<WgState> g_wg;                        // per thread of the block
 std::vector<Collective> g_warpgroups;             // per warpgroup: its wgmma rendezvous
@@ -122,6 +129,8 @@ void on_block_start(int threads) {
 void on_block_exit() {
   for (const WgState& w : g_wg) {
     if (!w.wg_groups.empty() || !w.wg_open.empty()) fail("thread exited with wgmma ops in flight");
+    if (!w.bulk_groups.empty() || !w.bulk_open.empty())
+      fail("the CTA exited with a bulk reduce-add that may not have read its shared source (no wait_group.read)");
   }
   for (int id = 0; id < 16; ++id)
     if (g_named[id].arrived) fail("the CTA exited with threads waiting at named barrier " + std::to_string(id));
@@ -416,10 +425,12 @@ void wgmma_wait(int n) {
 }
 
 // ---------------------------------------------------------------- mbarrier and TMA (operations)
+std::vector<Buffer> g_red_buffers;  // where the bulk reduce-add may add (the backward's dq_accum)
 // The emulator's CUtensorMap contents (encode_tile_map writes them; the 128 opaque bytes hold this).
 struct EmuMap {
   uint32_t magic;
   uint32_t box_rows;
+  uint32_t elem_bytes;  // 2 (the 16-bit operands) or 4 (float32: the backward's dQ accumulator)
   const unsigned char* base;
   uint64_t dims[4];
   uint64_t strides[3];  // bytes, dims 1..3
@@ -472,6 +483,7 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, in
   EmuMap m;
   std::memcpy(&m, tmap, sizeof m);
   if (m.magic != kMapMagic) fail("cp.async.bulk.tensor: not a tensor map encode_tile_map made");
+  if (m.elem_bytes != 2) fail("cp.async.bulk.tensor: the kernels load 16-bit operands only");
   if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned (128-byte swizzle)");
   mbar(bar, "cp.async.bulk.tensor");
   TmaCopy c;
@@ -507,6 +519,83 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, in
   }
   g_tma.push_back(std::move(c));
 }
+// cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.bulk_group: the box (32 float32 columns x
+// box_rows, 128-byte swizzle by address) at shared `src` added into the map's tensor, elements outside
+// it skipped. Its source must be readable by the async proxy now (every writer fenced, and a barrier
+// between another thread's write and the issue); it is read when the issuing thread's wait_group.read
+// covers its group, and until then no thread may overwrite it (check_byte_write).
+void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  const char* what = "cp.reduce.async.bulk.tensor";
+  EmuMap m;
+  std::memcpy(&m, tmap, sizeof m);
+  if (m.magic != kMapMagic) fail(std::string(what) + ": not a tensor map encode_tile_map made");
+  if (m.elem_bytes != 4) fail(std::string(what) + ": the kernels reduce float32 only");
+  if (src % 128) fail(std::string(what) + ": shared source not 128-byte aligned (128-byte swizzle)");
+  WgState::BulkOp op;
+  for (uint32_t r = 0; r < m.box_rows; ++r) {
+    for (int e = 0; e < 32; ++e) {
+      uint32_t a = src + r * 128 + e * 4;
+      a ^= ((a >> 7) & 7) << 4;
+      host(a, 4, what);
+      for (uint32_t b = a; b < a + 4; ++b) {
+        ByteState& s = g_bytes[b];
+        if (s.pending) fail(std::string(what) + ": reads a cp.async (or TMA) destination still in flight");
+        if (s.write_epoch < 0) fail(std::string(what) + ": reads shared memory never written");
+        if (s.write_epoch == g_epoch && s.writer_tid != cur().tid)
+          fail(std::string(what) + ": reads data another thread wrote with no barrier in between");
+        if (!s.proxy_visible)
+          fail(std::string(what) + ": reads data written through the generic proxy without fence.proxy.async by its writer");
+        ++s.bulk_readers;
+      }
+      const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
+      bool inside = true;
+      for (int i = 0; i < 4; ++i) inside = inside && idx[i] >= 0 && idx[i] < static_cast<int64_t>(m.dims[i]);
+      float* dst = nullptr;
+      if (inside) {
+        unsigned char* g = const_cast<unsigned char*>(m.base) + idx[0] * 4 + idx[1] * m.strides[0] +
+                           idx[2] * m.strides[1] + idx[3] * m.strides[2];
+        bool in_bounds = false;
+        for (const Buffer& buf : g_red_buffers) {
+          const char* pg = reinterpret_cast<const char*>(g);
+          if (pg >= buf.begin && pg + 4 <= buf.begin + buf.bytes) in_bounds = true;
+        }
+        if (!in_bounds) fail(std::string(what) + ": the map adds outside the registered accumulator (dq_accum)");
+        dst = reinterpret_cast<float*>(g);
+      }
+      op.push_back({a, dst});
+    }
+  }
+  cur_wg().bulk_open.push_back(std::move(op));
+}
+void bulk_commit_group() {
+  WgState& me = cur_wg();
+  me.bulk_groups.push_back(std::move(me.bulk_open));
+  me.bulk_open.clear();
+}
+// cp.async.bulk.wait_group.read n: the oldest groups past the newest n read their sources (and add).
+// A deliberate bug for the backward emulator's own test: with TILED_ATTN_EMU_MUTATE=no_bulk_wait the
+// wait returns at once (the reads stay pending until the CTA's last wait or its exit).
+const bool g_mutate_no_bulk_wait = [] {
+  const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
+  return m != nullptr && std::string(m) == "no_bulk_wait";
+}();
+void bulk_wait_group_read(int n) {
+  WgState& me = cur_wg();
+  if (g_mutate_no_bulk_wait) n = std::max(n, static_cast<int>(me.bulk_groups.size()));
+  while (static_cast<int>(me.bulk_groups.size()) > n) {
+    for (const WgState::BulkOp& op : me.bulk_groups.front()) {
+      for (const auto& [a, dst] : op) {
+        float v;
+        std::memcpy(&v, host(a, 4, "cp.reduce.async.bulk.tensor"), 4);
+        if (dst) *dst += v;
+        for (uint32_t b = a; b < a + 4; ++b) --g_bytes[b].bulk_readers;
+      }
+    }
+    me.bulk_groups.pop_front();
+  }
+  yield_now();
+}
+
 // setmaxnreg: all 128 threads of the warpgroup take part (.sync.aligned); the budget itself is the
 // compiler's business (ptxas -v in .ci/compile_csrc.sh).
 void setmaxnreg(int regs, bool inc) {
@@ -516,7 +605,7 @@ void setmaxnreg(int regs, bool inc) {
              [](Collective&) {});
 }
 
-// ---------------------------------------------------------------- named barriers, red.global
+// ---------------------------------------------------------------- named barriers
 // bar.sync id, threads: the first `threads` threads to arrive at barrier `id` are released together
 // (per thread here; the hardware counts whole warps, so a warp must not diverge around it). For the
 // hazard checks the phase's completion acts like __syncthreads (g_epoch advances), which is weaker than
@@ -553,19 +642,6 @@ void named_barrier_sync(int id, int threads) {
   }
 }
 
-std::vector<Buffer> g_red_buffers;  // where red.global may add (the backward's dq_accum)
-// red.global.add.v<n>.f32 [addr], {v...}: addr[i] += v[i] (each an f32 add, round to nearest), addr
-// aligned to the vector (4·n bytes) and inside a registered accumulator.
-void red_add_f32(float* addr, const float* v, int n) {
-  const std::string what = "red.global.add.v" + std::to_string(n) + ".f32";
-  if (reinterpret_cast<uintptr_t>(addr) % (4 * n)) fail(what + ": address not " + std::to_string(4 * n) + "-byte aligned");
-  const char* p = reinterpret_cast<const char*>(addr);
-  bool in_bounds = false;
-  for (const Buffer& r : g_red_buffers)
-    if (p >= r.begin && p + 4 * n <= r.begin + r.bytes) in_bounds = true;
-  if (!in_bounds) fail(what + ": address outside the registered accumulator (dq_accum)");
-  for (int i = 0; i < n; ++i) addr[i] += v[i];
-}
 }  // namespace emu
 
 // The kernels' PTX wrappers (csrc/attention/sm90/wgmma.cuh and tma.cuh, not compiled under
@@ -574,6 +650,10 @@ namespace tiled_attn {
 namespace flash_fwd_sm90 {
 inline void fence_proxy_async() { emu::proxy_fence(); }
 inline void st_shared_b32(uint32_t addr, uint32_t v) { emu::st_shared(addr, &v, 4); }
+inline void st_shared_f32x4(uint32_t addr, float a, float b, float c, float d) {
+  const float v[4] = {a, b, c, d};
+  emu::st_shared(addr, v, 16);
+}
 inline uint4 ld_shared_b128(uint32_t addr) {
   uint4 v;
   emu::ld_shared(addr, &v, 16);
@@ -598,6 +678,14 @@ inline void mbar_wait(uint32_t bar, uint32_t parity) { emu::mbar_wait(bar, parit
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1, int c2, int c3) {
   emu::tma_load_4d(dst, tmap, bar, c0, c1, c2, c3);
 }
+inline void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  emu::tma_reduce_add_4d(tmap, src, c0, c1, c2, c3);
+}
+inline void bulk_commit_group() { emu::bulk_commit_group(); }
+template <int kGroups>
+inline void bulk_wait_group_read() {
+  emu::bulk_wait_group_read(kGroups);
+}
 template <int kRegs>
 inline void setmaxnreg_inc() {
   emu::setmaxnreg(kRegs, true);
@@ -611,14 +699,6 @@ inline void fence_operands(float (&)[N]) {}
 template <int N>
 inline void fence_operands(uint32_t (&)[N][4]) {}
 inline void named_barrier_sync(int id, int threads) { emu::named_barrier_sync(id, threads); }
-inline void red_add_f32x2(float* addr, float a, float b) {
-  const float v[2] = {a, b};
-  emu::red_add_f32(addr, v, 2);
-}
-inline void red_add_f32x4(float* addr, float a, float b, float c, float d) {
-  const float v[4] = {a, b, c, d};
-  emu::red_add_f32(addr, v, 4);
-}
 // Any N (the emulation is generic in it); kTnspA: A (from desc_a) MN-major.
 template <int N, typename T>
 struct Wgmma {
@@ -636,16 +716,16 @@ struct Wgmma {
 // encode_tile_map (flash_fwd_sm90_launch.cuh declares it, inline, under TILED_ATTN_EMULATION): the
 // emulator's map, which tma_load_4d reads. cuTensorMapEncodeTiled's rules that matter here (CUDA driver API docs): a 16-byte aligned base,
 // byte strides multiples of 16 below 2^40, dims in [1, 2^32], a box of at most 256 rows whose inner
-// extent (64 x 2 bytes) is at most the 128-byte swizzle span.
+// extent (one 128-byte swizzle row: 64 x 2 or 32 x 4 bytes) is at most the swizzle span.
 inline bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
-                            const uint64_t (&strides)[3], uint32_t box_rows) {
-  if (reinterpret_cast<uintptr_t>(base) % 16) return false;
+                            const uint64_t (&strides)[3], uint32_t box_rows, uint32_t elem_bytes) {
+  if (reinterpret_cast<uintptr_t>(base) % 16 || (elem_bytes != 2 && elem_bytes != 4)) return false;
   for (uint64_t d : dims)
     if (d < 1 || d > (uint64_t{1} << 32)) return false;
   for (uint64_t s : strides)
     if (s % 16 || s >= (uint64_t{1} << 40)) return false;
   if (box_rows < 1 || box_rows > 256) return false;
-  emu::EmuMap m{emu::kMapMagic, box_rows, static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
+  emu::EmuMap m{emu::kMapMagic, box_rows, elem_bytes, static_cast<const unsigned char*>(base), {dims[0], dims[1], dims[2], dims[3]},
                 {strides[0], strides[1], strides[2]}};
   std::memset(static_cast<void*>(map), 0, sizeof(CUtensorMap));
   std::memcpy(static_cast<void*>(map), &m, sizeof m);

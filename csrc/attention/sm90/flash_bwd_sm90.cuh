@@ -40,9 +40,10 @@ struct BwdParams {
   bool causal;
 };
 
-// The four tile maps (Q, K, V, dO over (D, N, H, B), innermost first), one __grid_constant__ parameter.
+// The tile maps, one __grid_constant__ parameter: Q, K, V, dO over (D, N, H, B), innermost first
+// (16-bit loads), and dQ's float32 accumulator over (D, Nq, Hq, B) (reduce-adds of 32-column boxes).
 struct BwdMaps {
-  CUtensorMap q, k, v, dout;
+  CUtensorMap q, k, v, dout, dq;
 };
 
 // The 16-bit operands the maps are made from: bases and element strides (head dim contiguous).

@@ -3,8 +3,8 @@
 // a CTA owns kBlockN = 128 keys of one (batch, kv head), keeps K and V resident, and walks the query
 // tiles (kBlockM = 64 rows, or 128 at D = 64: BwdTraits) of every query head of its GQA group, so dK
 // and dV are summed over the group in registers and written once. dQ is added to a float32
-// accumulator with red.global.add (atomics: the default backward's dQ; deterministic=True keeps the
-// Triton pass).
+// accumulator by TMA reduce-adds from shared memory (atomic adds at L2: the default backward's dQ;
+// deterministic=True keeps the Triton pass).
 //   warpgroup 0, the producer: one thread loads K and V once (TMA, one mbarrier), then Q and dO of
 //     each query tile into a kStages ring ("full" / "empty" mbarriers per slot, as in the forward).
 //   warpgroups 1 and 2, the consumers: 64 keys each (rows 64cw.. of the K / V tile). Per query tile:
@@ -17,13 +17,21 @@
 //     dQ  = dS K      wgmma SS (A = dS from shared memory, MN-major; B = K MN-major) over all 128 keys
 //                     of the CTA: 64 query rows x D / 2 columns per consumer (kBlockM = 64), or its
 //                     64 rows x D (kBlockM = 128)
-//   then red.global.add.v4.f32 of dQ into the accumulator. Computing Sᵀ and dPᵀ (keys as the wgmma's
+//   then dQ into this consumer's dQ buffer in shared memory and, once the consumer's 128 threads
+//   met at their own named barrier, one thread's TMA reduce-add of it into the accumulator
+//   (cp.reduce.async.bulk.tensor, 64 rows x 32 columns a box). Computing Sᵀ and dPᵀ (keys as the wgmma's
 //   M) puts Pᵀ and dSᵀ in the accumulator layout that is exactly the register A fragment of the dV
 //   and dK products (flash_fwd_sm90_kernel.cuh pack_p), so neither goes through shared memory; only
 //   dS does, for dQ, which needs all 128 keys: both consumers store their dSᵀ rows (64 keys each) into
 //   one of two dS buffers and meet at a named barrier (the producer warp is not in it).
 // Overlap: dPᵀ runs while Pᵀ's exponentials do; at D = 64 (kEarly) the next tile's Sᵀ and dPᵀ are
 // issued before this tile's dQ reductions. The two consumers stay in step (the named barrier).
+// Why dQ goes through shared memory: red.global.add.v4 from every thread (2048 16-byte requests a
+// tile at D = 128) kept L2 71% busy and the tensor pipe at 42% (ncu, H200, session 24); a TMA
+// reduce-add is a few bulk requests, issued by one thread, that the MMA warps do not wait for. A
+// consumer's buffer is rewritten one tile later: its issuing thread waits for the previous reduce
+// to have read it (bulk wait_group.read) before the consumers' dS barrier, which every writer passes
+// after it.
 // Why the two dS buffers suffice: a consumer writes buffer it % 2 after it waited for its own dQ
 // product of tile it − 2, and the barrier of tile it − 1 (which both passed) came after the other
 // consumer's wait for that product.
@@ -67,13 +75,19 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or dO tile
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kLdBytes = 2 * kBlockM * 4;  // a query tile's lse and delta
+  // dQ of a query tile in float32, both consumers' shares: each 64 rows x kDqCols, in boxes of 32
+  // columns (one 128-byte swizzle row, the reduce's box) of 64 rows.
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  static constexpr int kDqBoxBytes = 64 * 128;
+  static constexpr int kDqBoxes = kDqCols / 32;  // per consumer
   static constexpr int kSmemLimit = 232448;
-  // Ring depth: as many Q + dO slots as fit beside K, V and the two dS buffers, at most 4.
-  static constexpr int kStages =
-      std::min(4, (kSmemLimit - 1024 - 2 * kKVBytes - 2 * kDsBytes - 2 * kLdBytes - 8 * 9) / (2 * kQBytes));
+  // Ring depth: as many Q + dO slots as fit beside K, V, the two dS buffers and dQ's, at most 4 (3 at
+  // D = 128 and at D = 64 with kBlockM = 128).
+  static constexpr int kStages = std::min(
+      4, (kSmemLimit - 1024 - 2 * kKVBytes - 2 * kDsBytes - kDqBytes - 2 * kLdBytes - 8 * 9) / (2 * kQBytes));
   static constexpr int kBarriers = 1 + 2 * kStages;  // K/V full; per slot full and empty
   static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kLdBytes + 8 * kBarriers + 1024;
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBytes + 2 * kLdBytes + 8 * kBarriers + 1024;
   // setmaxnreg budgets as in the forward with two consumers: dV and dK (D registers together), Sᵀ and
   // dPᵀ (kBlockM), their packed fragments and dQ live at once.
   // The next tile's Sᵀ and dPᵀ issued before this tile's dQ reductions (which they then overlap), or
@@ -85,7 +99,8 @@ struct BwdTraits {
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
   static_assert(kBlockM == 64 || kBlockM == 128, "one or two 64-query column blocks of dS, one per consumer");
-  static_assert(kDqCols % 16 == 0, "whole column groups of four for the 16-byte reductions");
+  static_assert(kDqCols % 32 == 0, "whole 32-column boxes of dQ");
+  static_assert(kDqBytes == kConsumers * kDqBoxes * kDqBoxBytes, "dQ's buffer is the consumers' boxes");
   static_assert(kStages >= 2, "one slot loading while one is computed");
   static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
@@ -138,7 +153,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sQ = sV + Tr::kKVBytes;                  // kStages slots
   const uint32_t sDO = sQ + Tr::kStages * Tr::kQBytes;    // kStages slots
   const uint32_t sDS = sDO + Tr::kStages * Tr::kQBytes;   // two buffers
-  const uint32_t sLD = sDS + 2 * Tr::kDsBytes;           // two lse + delta buffers
+  const uint32_t sDQ = sDS + 2 * Tr::kDsBytes;           // each consumer's dQ boxes
+  const uint32_t sLD = sDQ + Tr::kDqBytes;               // two lse + delta buffers
   const uint32_t sBar = sLD + 2 * Tr::kLdBytes;
   const uint32_t bar_kv = sBar;
   auto full = [&](int s) { return sBar + 8u * (1 + s); };
@@ -265,7 +281,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int it = 0; it < cta.n_iters; ++it) {
     const int s = it % Tr::kStages;
     const int head = cta.head(p, it), m0 = cta.m0(it);
-    const int64_t row_base = (int64_t{cta.batch} * p.heads_q + head) * p.seqlen_q;  // dQ rows
     const bool prefetch = ct < 2 * Tr::kBlockM && it + 1 < cta.n_iters;
     const float next = prefetch ? fetch(it + 1) : 0.f;
     const uint32_t ld = sLD + (it % 2) * Tr::kLdBytes + 8 * t;  // columns 8j + 2t, + 1: 32j bytes on
@@ -331,6 +346,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         st_shared_b32(ds + swizzled_offset<Tr::kBlockN>(key_row + 8 * (r % 2), 2 * kk + r / 2) + 4 * t, da[kk][r]);
     if (prefetch) stage(it + 1, next);
     fence_proxy_async();
+    if (it > 0 && ct % 128 == 0) bulk_wait_group_read<0>();  // the last tile's dQ boxes were read
     named_barrier_sync(1, Tr::kConsumerThreads);  // both consumers' 64 keys of dS (and the next lse) are in
 
     float dq[Tr::kDqRegs];
@@ -353,21 +369,35 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // dQ: register i is query m0 + dq_row0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4)
     // + 2t (+1).
     // Lanes t and t ^ 1 swap a pair so that each holds four adjacent columns of one row (even t: row
-    // g, columns 8j + 2t..+3; odd t: row g + 8, columns 8j + 2t − 2..+1): one 16-byte reduction
-    // instead of two 8-byte ones (half the requests to L2, where ncu showed the kernel busiest).
+    // g, columns 8j + 2t..+3; odd t: row g + 8, columns 8j + 2t − 2..+1): one 16-byte store, into
+    // box c / 32 of this consumer's buffer at row r, 16-byte chunk (c % 32) / 4 XOR r % 8 (the
+    // 128-byte swizzle the map reads it with; rows r and r + 8 share a bank group: two-way conflicts).
     const bool odd = t & 1;
-    const int r = dq_row0 + warp * 16 + g + (odd ? 8 : 0);
-    float* const dq_row = p.dq_accum + (row_base + m0 + r) * Tr::kHeadDim + dq_col0 + 2 * (t & ~1);
+    const int r = warp * 16 + g + (odd ? 8 : 0);
+    const uint32_t dq_buf = sDQ + cw * Tr::kDqBoxes * Tr::kDqBoxBytes;
+    // Column 8j + 2(t & ~1) is chunk 2(j % 4) + t / 2 of box j / 4: the chunk's XOR with r % 8 is
+    // 2(j % 4) XORed into this thread's chunk of j = 0.
+    const uint32_t dq_at = dq_buf + r * 128 + (((t >> 1) ^ (r % 8)) * 16);
 #pragma unroll
     for (int j = 0; j < Tr::kDqRegs / 4; ++j) {
       const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
       const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
-      if (m0 + r < p.seqlen_q) {
-        if (odd) red_add_f32x4(dq_row + 8 * j, x, y, dq[4 * j + 2], dq[4 * j + 3]);
-        else red_add_f32x4(dq_row + 8 * j, dq[4 * j], dq[4 * j + 1], x, y);
-      }
+      const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes;
+      if (odd) st_shared_f32x4(a, x, y, dq[4 * j + 2], dq[4 * j + 3]);
+      else st_shared_f32x4(a, dq[4 * j], dq[4 * j + 1], x, y);
+    }
+    fence_proxy_async();
+    named_barrier_sync(2 + cw, 128);  // this consumer's dQ is in its buffer
+    if (ct % 128 == 0) {
+      // Rows past Nq are outside the map: the reduce skips them.
+#pragma unroll
+      for (int b = 0; b < Tr::kDqBoxes; ++b)
+        tma_reduce_add_4d(&maps.dq, dq_buf + b * Tr::kDqBoxBytes, dq_col0 + 32 * b, m0 + dq_row0, head, cta.batch);
+      bulk_commit_group();
     }
   }
+  // The last reduce has read its buffer before the CTA's shared memory goes away.
+  if (ct % 128 == 0) bulk_wait_group_read<0>();
 
   // dV and dK (scaled) of this thread's two keys, stores of two adjacent columns: 4 bytes in T, or 8
   // in float32 (dkv_f32: a partial the caller sums, e.g. one block of the context-parallel ring, where

@@ -1,4 +1,4 @@
-// flash_bwd_sm90_launch.cuh: the host launcher of flash_bwd_sm90_kernel (its four TMA tensor maps, then
+// flash_bwd_sm90_launch.cuh: the host launcher of flash_bwd_sm90_kernel (its five TMA tensor maps, then
 // the grid). Included by the flash_bwd_sm90_hdim*.cu files (one head dim each, both dtypes) and by the
 // CPU emulator (which supplies launch_bwd_kernel and encode_tile_map).
 #pragma once
@@ -22,8 +22,9 @@ cudaError_t launch_bwd_kernel(BwdParams params, const BwdMaps& maps, int64_t slo
 }
 #endif
 
-// One tile: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN), then the launch over
-// B·Hkv·kv_split slots (the virtual heads).
+// One tile: the maps (Q and dO in boxes of kBlockM rows, K and V of kBlockN, dQ's accumulator in
+// boxes of 64 rows: one consumer's share), then the launch over B·Hkv·kv_split slots (the virtual
+// heads).
 template <class Tr, typename T>
 cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStream_t stream) {
   constexpr int kHeadDim = Tr::kHeadDim;
@@ -38,6 +39,12 @@ cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStre
                       a.v_stride.head, a.v_stride.seq, Tr::kBlockN)) {
     return cudaErrorInvalidValue;
   }
+  // dq_accum: (B·Hq, Nq, D) contiguous float32.
+  const uint64_t dq_row = uint64_t{kHeadDim} * 4, dq_head = dq_row * static_cast<uint64_t>(params.seqlen_q);
+  const uint64_t dq_dims[4] = {kHeadDim, static_cast<uint64_t>(params.seqlen_q), static_cast<uint64_t>(params.heads_q),
+                               static_cast<uint64_t>(a.batch)};
+  const uint64_t dq_strides[3] = {dq_row, dq_head, dq_head * static_cast<uint64_t>(params.heads_q)};
+  if (!encode_tile_map(&maps.dq, params.dq_accum, dq_dims, dq_strides, 64, 4)) return cudaErrorInvalidValue;
   return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);  // virtual heads
 }
 

@@ -35,12 +35,13 @@ cudaError_t run_flash_fwd_sm90(const Params& params, int batch_heads, cudaStream
   return launch_kernel<Traits<kHeadDim>, T>(params, batch_heads, stream);
 }
 
-// A 4-D tile map with 128-byte swizzle over 16-bit elements: dims innermost first (the head dim, rows,
-// heads, batch), byte strides of dims 1..3, box = 64 elements x box_rows x 1 x 1. False when the
-// driver refuses it (the caller reports cudaErrorInvalidValue). The driver's entry point is looked up
-// through the runtime once (no link against libcuda).
+// A 4-D tile map with 128-byte swizzle over 16-bit elements (elem_bytes 2) or float32 ones (4): dims
+// innermost first (the head dim, rows, heads, batch), byte strides of dims 1..3, box = one 128-byte
+// swizzle row (64 or 32 elements) x box_rows x 1 x 1. False when the driver refuses it (the caller
+// reports cudaErrorInvalidValue). The driver's entry point is looked up through the runtime once (no
+// link against libcuda).
 inline bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (&dims)[4],
-                            const uint64_t (&strides)[3], uint32_t box_rows)
+                            const uint64_t (&strides)[3], uint32_t box_rows, uint32_t elem_bytes = 2)
 #ifdef TILED_ATTN_EMULATION
     ;
 #else
@@ -58,10 +59,12 @@ inline bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (
   if (encode == nullptr) return false;
   const cuuint64_t dim[4] = {dims[0], dims[1], dims[2], dims[3]};
   const cuuint64_t stride[3] = {strides[0], strides[1], strides[2]};
-  const cuuint32_t boxes[4] = {64, box_rows, 1, 1};
+  const cuuint32_t boxes[4] = {128 / elem_bytes, box_rows, 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
-  // The element type only sizes the elements here (no conversion, zero fill out of bounds): fp16 for both.
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void*>(base), dim, stride, boxes, unit,
+  // A load only sizes the elements by the type (no conversion, zero fill out of bounds): fp16 for both
+  // 16-bit types. A reduce-add adds in it: float32 for the backward's dQ accumulator.
+  const CUtensorMapDataType type = elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 4, const_cast<void*>(base), dim, stride, boxes, unit,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -18,6 +18,12 @@
 //  * cp.async.bulk.tensor.4d...tile.mbarrier::complete_tx::bytes: one thread copies a box of the
 //    tensor the CUtensorMap describes (coordinates innermost first) into shared memory laid out by the
 //    map's swizzle; elements outside the tensor are written as zero and count toward the box's bytes.
+//  * cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.bulk_group: one thread adds a box of shared
+//    memory (laid out by the map's swizzle) into the tensor, element by element (float32 adds at L2);
+//    elements outside the tensor are skipped. The copy reads shared memory asynchronously (async
+//    proxy: the writers' fence.proxy.async, then a barrier, come first); cp.async.bulk.commit_group
+//    closes the issuing thread's group and cp.async.bulk.wait_group.read N returns once all but its
+//    N newest groups have finished reading their source, which may then be overwritten.
 //  * setmaxnreg.{inc,dec}.sync.aligned.u32 N: all threads of a warpgroup set their register budget
 //    to N (a multiple of 8 in [24, 256]); a dec frees registers of the CTA's pool for an inc elsewhere.
 #pragma once
@@ -62,6 +68,20 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* tma
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1),
       "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+
+// Adds the box at shared `src` into `tmap`'s tensor at coordinates (c0 innermost .. c3) (bulk group).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, int c2,
+                                                  int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(tmap)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Returns once all but the newest kGroups bulk groups of this thread have read their shared source.
+template <int kGroups>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kGroups) : "memory");
 }
 
 template <int kRegs>
