@@ -326,7 +326,7 @@ class AttentionBackwardPlan:
     (tiled_attn/cuda/attention_backward.py: sm_90a, D 64/128, not deterministic), else the Triton
     ones; "torch" the tiled PyTorch one (reference.blockwise_attention_backward). The Triton dQ is
     its own pass (bitwise-repeatable) or float32 atomics, by the config row; the wgmma dQ is float32
-    atomics; `deterministic` forces the Triton pass. `grad_dtype`: the gradients' dtype (None: the
+    atomic adds (TMA reduce-adds); `deterministic` forces the Triton pass. `grad_dtype`: the gradients' dtype (None: the
     inputs'); float32 for 16-bit inputs gives unrounded partials (the context-parallel ring sums
     one per block: distributed._ring_backward)."""
 
@@ -591,7 +591,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     backward recomputes P from q, k and the saved lse, never an N×N tensor; dK/dV are summed over
     each GQA group inside the kernels. Backend "triton" runs the Triton backward kernels;
     "cuda", and backend=None on a CUDA device whichever forward it picked, the wgmma backward on
-    an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomics; configs.CUDA_ATTENTION_BACKWARD) and
+    an H100 for D 64/128 in fp16/bf16 (dQ by float32 atomic adds; configs.CUDA_ATTENTION_BACKWARD) and
     the Triton kernels elsewhere or with deterministic=True; "torch" the PyTorch one; on the CPU's
     native path (torch's SDPA) torch's autograd does it. On a grid of about one CTA per SM (a batch-1
     GQA training step) the wgmma backward may split each group's query heads among CTAs: float32
