@@ -493,6 +493,7 @@ std::string attention_bwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
 // the plan lookup. A plan is registered once, after its first launch through Triton; fast_run declines (returns
 // None, nothing launched) whatever it cannot do exactly as that launch would, and the caller takes the Python path.
 struct FastPlan {
+  static constexpr const char* kCapsule = "tiled_attn.FastPlan";
   void* function = nullptr;  // CUfunction, loaded by Triton in `device`'s primary context
   unsigned grid[3] = {1, 1, 1};
   unsigned threads = 32;
@@ -531,13 +532,20 @@ LaunchKernelFn launch_kernel_fn() {
   return fn;
 }
 
-void free_fast_plan(PyObject* capsule) {
-  delete static_cast<FastPlan*>(PyCapsule_GetPointer(capsule, "tiled_attn.FastPlan"));
+// A plan's capsule (named Plan::kCapsule) and its destructor.
+template <class Plan>
+void free_capsule(PyObject* capsule) {
+  delete static_cast<Plan*>(PyCapsule_GetPointer(capsule, Plan::kCapsule));
+}
+template <class Plan>
+Plan* from_capsule(PyObject* capsule) {  // null, with a Python error set, for anything else
+  return static_cast<Plan*>(PyCapsule_GetPointer(capsule, Plan::kCapsule));
 }
 
 // (a capsule owning `plan`, freed with the Python object that holds it; error ('': none)).
-std::tuple<py::object, std::string> as_capsule(std::unique_ptr<FastPlan> plan) {
-  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.FastPlan", free_fast_plan);
+template <class Plan>
+std::tuple<py::object, std::string> as_capsule(std::unique_ptr<Plan> plan) {
+  PyObject* capsule = PyCapsule_New(plan.get(), Plan::kCapsule, free_capsule<Plan>);
   if (capsule == nullptr) {
     PyErr_Clear();
     return {py::none(), "RuntimeError: a capsule for the plan could not be made"};
@@ -654,7 +662,7 @@ PyObject* fast_run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "fast_run(plan, x, stream, poison) takes 4 arguments");
     return nullptr;
   }
-  auto* plan = static_cast<FastPlan*>(PyCapsule_GetPointer(args[0], "tiled_attn.FastPlan"));
+  auto* plan = from_capsule<FastPlan>(args[0]);
   if (plan == nullptr) return nullptr;
   if (!THPVariable_CheckExact(args[1])) Py_RETURN_NONE;
   const at::Tensor& x = THPVariable_Unpack(args[1]);
@@ -758,6 +766,7 @@ struct WgmmaStep {
 #endif
 
 struct BwdFastPlan {
+  static constexpr const char* kCapsule = "tiled_attn.BwdFastPlan";
   int device = 0;
   std::vector<std::vector<int64_t>> alloc_sizes, alloc_strides;
   std::vector<at::ScalarType> alloc_dtypes;
@@ -825,10 +834,6 @@ int launch_packed(const PackedKernel& k, const uint64_t* addresses, cudaStream_t
   for (size_t i = 0; i < k.offsets.size(); ++i) slots[i] = params + k.offsets[i];
   return launch_kernel_fn()(k.function, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.shared, stream, slots,
                             nullptr);
-}
-
-void free_bwd_fast_plan(PyObject* capsule) {
-  delete static_cast<BwdFastPlan*>(PyCapsule_GetPointer(capsule, "tiled_attn.BwdFastPlan"));
 }
 
 // A capsule owning the plan, or the error. `inputs`: the first call's q, k, v, out, lse, grad_out; `allocs`:
@@ -913,13 +918,7 @@ std::tuple<py::object, std::string> attention_bwd_fast_register(std::vector<torc
     plan->alloc_dtypes.push_back(t.scalar_type());
   }
   for (int i = 0; i < 3; ++i) plan->grads[i] = static_cast<int>(grads[i]);
-  PyObject* capsule = PyCapsule_New(plan.get(), "tiled_attn.BwdFastPlan", free_bwd_fast_plan);
-  if (capsule == nullptr) {
-    PyErr_Clear();
-    return {py::none(), "PyCapsule_New failed"};
-  }
-  plan.release();
-  return {py::reinterpret_steal<py::object>(capsule), ""};
+  return as_capsule(std::move(plan));
 }
 
 PyObject* raise_launch(const char* what, long code) {
@@ -941,17 +940,18 @@ cudaError_t run_wgmma_step(const WgmmaStep& s, const at::Tensor* table, cudaStre
 #endif
 
 // attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison) -> (dq, dk, dv), or None where the
-// Python path must run the call (nothing launched): an input not a plain CUDA tensor on the plan's device, off
-// the 16-byte grid (the Python run copies such an operand for the wgmma kernel; the Triton kernels were
-// registered aligned), that device not current, an allocation failed, or no CUDA context on this thread yet. A
-// launch that fails after the first raises RuntimeError (the Python path would fail the same way).
+// Python path must run the call (no kernel of the plan launched): an input not a plain CUDA tensor on the plan's
+// device, off the 16-byte grid (the Python run copies such an operand for the wgmma kernel; the Triton kernels
+// were registered aligned), that device not current, an allocation failed, or no CUDA context on this thread
+// yet (found at the first launch: with poison, the NaN fills of the gradients it then drops are queued by
+// then). A launch that fails after the first raises RuntimeError (the Python path would fail the same way).
 PyObject* attention_bwd_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 9) {
     PyErr_SetString(PyExc_TypeError,
                     "attention_bwd_fast(plan, q, k, v, out, lse, grad_out, stream, poison) takes 9 arguments");
     return nullptr;
   }
-  auto* plan = static_cast<BwdFastPlan*>(PyCapsule_GetPointer(args[0], "tiled_attn.BwdFastPlan"));
+  auto* plan = from_capsule<BwdFastPlan>(args[0]);
   if (plan == nullptr) return nullptr;
   at::Tensor table[kBwdMaxTable];
   uint64_t addr[kBwdMaxTable] = {};

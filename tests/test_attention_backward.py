@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+import types
 
 import pytest
 import torch
@@ -1145,8 +1146,7 @@ def test_wgmma_fast_registration_table(split):
     run = cb._WgmmaBackward(None, _FastKernel(), _FastKernel(), (b, hq, n_q), b * hq * n_q * d, part_shape,
                             0.125, True, 2, 64, split, False, 0)
     ext = _RegisterExt()
-    run.register_fast(ext, *tensors)
-    assert run.fast == "capsule" and run.fast_tries == 0
+    assert run.register_fast(ext, *tensors) == "capsule"
     inputs, allocs, grads, kernels, wgmma = ext.got
     table = inputs + allocs
     assert [t is x for t, x in zip(inputs, (q, k, v, out, lse, go))] == [True] * 6
@@ -1175,8 +1175,7 @@ def test_triton_fast_registration_table(atomic):
     rows = q.shape[0] * q.shape[1] * q.shape[2]
     run = tb._TritonBackward(_FastKernel(), _FastKernel(), _FastKernel(), rows, rows * q.shape[3] if atomic else 0)
     ext = _RegisterExt()
-    run.register_fast(ext, *tensors)
-    assert run.fast == "capsule" and run.fast_tries == 0
+    assert run.register_fast(ext, *tensors) == "capsule"
     inputs, allocs, grads, kernels, wgmma = ext.got
     table = inputs + allocs
     assert wgmma is None and grads == [6, 7, 8] and [table[i] is x for i, x in zip(grads, (dq, dk, dv))] == [True] * 3
@@ -1185,6 +1184,54 @@ def test_triton_fast_registration_table(atomic):
     assert len(table) == (11 if atomic else 10)
     assert [kn[-1][:-2] for kn in kernels] == [[3, 5, 4, 9, a], [0, 1, 2, 5, 4, 9, 7, 8, a],
                                               [10, 6] if atomic else [0, 1, 2, 5, 4, 9, 6]]
+
+
+class _Run:
+    """A planned backward's register_fast: hands out what `results` says, one per call (an exception
+    is raised), and counts the calls."""
+
+    def __init__(self, *results):
+        self.results, self.calls = list(results), 0
+
+    def register_fast(self, ext, *tensors):
+        self.calls += 1
+        got = self.results.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+def test_register_fast_tries(monkeypatch):
+    """AttentionBackwardPlan._register_fast (CPU, the run and the extension mocked): a call with a
+    tensor off the 16-byte grid uses a try without registering; a registration that returns None (a
+    kernel's aligned build not there yet) is tried again on the next call, up to three tries; a capsule
+    becomes the plan's C++ path; a refusal ends the tries and is kept in fast_backward_refused."""
+    softmax, attn = sys.modules["tiled_attn.softmax"], sys.modules["tiled_attn.attention"]
+    ext = types.SimpleNamespace(attention_bwd_fast="the binding")
+    monkeypatch.setattr(softmax, "_fast_extension", lambda device: ext)
+    monkeypatch.setattr(attn, "_bwd_fast", None)
+    monkeypatch.setattr(attn, "fast_backward_refused", None)
+    tensors = _fast_operands()
+    off = torch.empty(tensors[0].numel() + 1, dtype=tensors[0].dtype)[1:].view(tensors[0].shape)  # 2 bytes off
+
+    def plan(*results):
+        p = attn.AttentionBackwardPlan(*tensors[:4], tensors[5], 0.125, True, 2, False, "torch", False)
+        p.run, p.fast_tries = _Run(*results), 3
+        return p
+    p = plan(None, "capsule")
+    p._register_fast(off, *tensors[1:])
+    assert p.run.calls == 0 and p.fast_tries == 2 and p.fast is None
+    p._register_fast(*tensors)
+    assert p.run.calls == 1 and p.fast_tries == 1 and p.fast is None
+    p._register_fast(*tensors)
+    assert p.run.calls == 2 and p.fast_tries == 0 and p.fast == "capsule" and attn._bwd_fast == "the binding"
+    p = plan(None, None, None, "capsule")
+    for _ in range(3):
+        p._register_fast(*tensors)
+    assert p.run.calls == 3 and p.fast_tries == 0 and p.fast is None  # three tries, then Python stays
+    p = plan(RuntimeError("too many parameters"))
+    p._register_fast(*tensors)
+    assert p.fast_tries == 0 and p.fast is None and attn.fast_backward_refused == "RuntimeError: too many parameters"
 
 
 @pytest.mark.parametrize("splits", [2, 3])

@@ -342,8 +342,9 @@ class AttentionBackwardPlan:
         # No query rows or no keys: nothing flows (every gradient is zero).
         self.empty = q.numel() == 0 or k.numel() == 0
         self.run = None
-        # The wgmma backward's C++ path (tiled_attn/cuda/attention_backward.py register_fast): made
+        # The C++ path of the launches (run.register_fast: the wgmma or the Triton backward's): made
         # after a call without lse's gradient, then each call is one C++ call (None: it declined).
+        # fast_tries: registrations left to try (a kernel's aligned build may not exist yet).
         self.fast, self.fast_tries = None, 0
         if self.empty or backend == "torch":
             return
@@ -359,7 +360,7 @@ class AttentionBackwardPlan:
                                                      causal_offset, has_dlse, deterministic, mods=mods)
         if (hasattr(self.run, "register_fast") and not has_dlse and grad_dtype is None and _plan.FAST_LAUNCH
                 and q.device.type == "cuda"):
-            self.fast_tries = self.run.fast_tries
+            self.fast_tries = 3
 
     def backward(self, q, k, v, out, lse, grad_out, grad_lse, *extras):
         if self.fast is not None:  # C++ allocates and launches (None: it declined this call)
@@ -387,22 +388,29 @@ class AttentionBackwardPlan:
         return dq, dk, dv
 
     def _register_fast(self, *tensors) -> None:
-        """The C++ path of this plan's launches (run.register_fast), through the extension the
-        softmax's C++ launches use (tiled_attn/softmax.py _fast_extension: none where it cannot be
-        built or TILED_ATTN_FAST_LAUNCH=0; the Python path then stays)."""
+        """After a call on `tensors` (q, k, v, out, lse, grad_out, dq, dk, dv): the C++ path of this
+        plan's launches (run.register_fast), through the extension the softmax's C++ launches use
+        (tiled_attn/softmax.py _fast_extension: none where it cannot be built or
+        TILED_ATTN_FAST_LAUNCH=0; the Python path then stays). Only from a call whose tensors are all
+        16-byte aligned (what a call of the C++ path must have; it declines others), up to three
+        tries: run.register_fast returns None while a launch's aligned build does not exist yet."""
         global _bwd_fast, fast_backward_refused
+        self.fast_tries -= 1
+        if any(t.data_ptr() % 16 for t in tensors):
+            return
         from .softmax import _fast_extension
         ext = _fast_extension(tensors[0].device)
         try:
             if ext is None:
                 raise RuntimeError("no CUDA extension for C++ launches here")
-            self.run.register_fast(ext, *tensors)
+            self.fast = self.run.register_fast(ext, *tensors)
         except (RuntimeError, ValueError, TypeError) as e:  # refused: this plan keeps the Python path
-            self.run.fast_tries = 0
             fast_backward_refused = f"{type(e).__name__}: {e}"
-        self.fast, self.fast_tries = self.run.fast, self.run.fast_tries
-        if self.fast is not None and _bwd_fast is None:
-            _bwd_fast = ext.attention_bwd_fast
+            self.fast_tries = 0
+        if self.fast is not None:
+            self.fast_tries = 0
+            if _bwd_fast is None:
+                _bwd_fast = ext.attention_bwd_fast
 
 
 _BACKWARD_PLANS = _plan.PlanCache("attention backward")

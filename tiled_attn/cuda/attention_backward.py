@@ -179,17 +179,15 @@ class _WgmmaBackward:
     delta (it zeroes the dQ accumulator), the kernel and the dQ store (or, under a split, the finish
     that sums the float32 partials). `register_fast` turns the same launches into one C++ call
     (csrc/bindings.cpp attention_bwd_fast) once the Triton kernels are compiled; AttentionBackwardPlan
-    then calls `fast` and keeps this path for what it declines."""
+    then calls it and keeps this path for what it declines."""
 
-    __slots__ = ("kernel", "delta", "final", "ws_shape", "acc_numel", "part_shape", "args", "index", "fast",
-                 "fast_tries")
+    __slots__ = ("kernel", "delta", "final", "ws_shape", "acc_numel", "part_shape", "args", "index")
 
     def __init__(self, kernel, delta, final, ws_shape, acc_numel, part_shape, scale, causal, causal_offset, block_m,
                  split, longest_first, index):
         self.kernel, self.delta, self.final, self.index = kernel, delta, final, index
         self.ws_shape, self.acc_numel, self.part_shape = ws_shape, acc_numel, part_shape
         self.args = (scale, causal, causal_offset, block_m, split, longest_first)
-        self.fast, self.fast_tries = None, 3
 
     def _workspaces(self, device):
         ws = torch.empty(self.ws_shape, dtype=torch.float32, device=device)  # lse's shape (the binding)
@@ -212,14 +210,10 @@ class _WgmmaBackward:
                         _stream(self.index))
             self.final(acc, dq, part, dk, dv)
 
-    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
-        """After a call without lse's gradient on these tensors: the C++ plan of the same launches
-        (`ext`'s attention_bwd_fast_register), if the Triton kernels' aligned builds exist and every
-        tensor is 16-byte aligned (what a call of the C++ path must have; it declines others). Up to
-        three tries, then the Python path stays."""
-        self.fast_tries -= 1
-        if any(t.data_ptr() % 16 for t in (q, k, v, out, lse, grad_out, dq, dk, dv)):
-            return
+    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv):
+        """After a call without lse's gradient on these (16-byte aligned) tensors: the C++ plan of the
+        same launches (`ext`'s attention_bwd_fast_register, a capsule), or None while a Triton
+        kernel's aligned build does not exist yet (AttentionBackwardPlan._register_fast tries again)."""
         # The table: q, k, v, out, lse, grad_out (0-5), then what each call allocates: dq, dk, dv,
         # ws, acc (6-10) and the partials (11).
         ws, acc, part = self._workspaces(q.device)
@@ -227,7 +221,7 @@ class _WgmmaBackward:
         kernels = [self.delta.fast_kernel([3, 5, 4, 9, 10]),
                    self.final.fast_kernel([10, 6] if part is None else [10, 6, 11, 7, 8])]
         if None in kernels:
-            return
+            return None
         if part is None:  # the kernel writes dk and dv, else the two halves of the float32 partials
             kernel_dkv = (7, 8, 0, dk, dv)
         else:
@@ -235,6 +229,5 @@ class _WgmmaBackward:
         # The wgmma kernel between delta and the store: (place, ws, acc, dk, dv, dv offset, the 4-D
         # views it writes, then its scalars).
         wgmma = (1, 9, 10, *kernel_dkv, *self.args)
-        self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
-                                kernels, wgmma)
-        self.fast_tries = 0
+        return _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
+                           kernels, wgmma)

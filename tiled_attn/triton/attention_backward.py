@@ -111,15 +111,14 @@ class _TritonBackward:
     delta, the dK/dV kernel and the dQ pass, or with a dQ accumulator (atomic mode, acc_numel > 0:
     delta zeroes it, the dK/dV kernel adds dQ to it) the dQ store. `register_fast` turns the same
     launches into one C++ call (csrc/bindings.cpp attention_bwd_fast) once they are compiled;
-    tiled_attn/attention.py AttentionBackwardPlan then calls `fast` and keeps this path for what it
+    tiled_attn/attention.py AttentionBackwardPlan then calls it and keeps this path for what it
     declines."""
 
-    __slots__ = ("delta", "dkdv", "last", "ws_numel", "acc_numel", "fast", "fast_tries")
+    __slots__ = ("delta", "dkdv", "last", "ws_numel", "acc_numel")
 
     def __init__(self, delta, dkdv, last, ws_numel: int, acc_numel: int):
         self.delta, self.dkdv, self.last = delta, dkdv, last
         self.ws_numel, self.acc_numel = ws_numel, acc_numel
-        self.fast, self.fast_tries = None, 3
 
     def _workspaces(self, device):
         ws = torch.empty(self.ws_numel, dtype=torch.float32, device=device)
@@ -137,25 +136,20 @@ class _TritonBackward:
             self.dkdv(q, k, v, grad_out, lse, ws, dk, dv, ws)  # no accumulator: ATOMIC_DQ is off
             self.last(q, k, v, grad_out, lse, ws, dq)
 
-    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv) -> None:
-        """As the wgmma backward's (tiled_attn/cuda/attention_backward.py): after a call without lse's
-        gradient on these tensors, the C++ plan of the same launches, if their aligned builds exist
-        and every tensor is 16-byte aligned; up to three tries."""
-        self.fast_tries -= 1
-        if any(t.data_ptr() % 16 for t in (q, k, v, out, lse, grad_out, dq, dk, dv)):
-            return
+    def register_fast(self, ext, q, k, v, out, lse, grad_out, dq, dk, dv):
+        """As the wgmma backward's (tiled_attn/cuda/attention_backward.py): the C++ plan of the same
+        launches (a capsule), or None while one's aligned build does not exist yet."""
         # The table: q, k, v, out, lse, grad_out (0-5), then dq, dk, dv, ws (6-9) and the accumulator (10).
         ws, acc = self._workspaces(q.device)
         a = 9 if acc is None else 10  # delta's and dK/dV's last tensor: the accumulator, or ws again
         kernels = [self.delta.fast_kernel([3, 5, 4, 9, a]), self.dkdv.fast_kernel([0, 1, 2, 5, 4, 9, 7, 8, a]),
                    self.last.fast_kernel([0, 1, 2, 5, 4, 9, 6] if acc is None else [10, 6])]
         if None in kernels:
-            return
+            return None
         from ..cuda import _build
         allocs = [dq, dk, dv, ws] + ([] if acc is None else [acc])
-        self.fast = _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
-                                kernels, None)
-        self.fast_tries = 0
+        return _build.call(ext.attention_bwd_fast_register, [q, k, v, out, lse, grad_out], allocs, [6, 7, 8],
+                           kernels, None)
 
 
 def plan_delta(out, grad_out, has_dlse: bool, wide: bool, zero_acc: bool = False) -> Launch:
@@ -208,7 +202,7 @@ def plan_backward_ext(q, k, v, out, grad_out, dq, dk, dv, scale: float, causal: 
     """The backward with `mods` (attention_bwd_ext.py): delta as the dense plan, then the dK/dV and
     dQ ext kernels (dQ by its own pass: bitwise-repeatable). Varlen tensors are the (1, H, total,
     D) views of the forward's plan; the grid runs mods.varlen's sequences."""
-    hq, d = q.shape[1], q.shape[-1]
+    hq = q.shape[1]
     hkv = k.shape[1]
     device = q.device
     interpret = device.type != "cuda" or interpreted(attention_bwd_dq_ext_kernel)
