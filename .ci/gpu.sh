@@ -3,7 +3,7 @@
 #   bash .ci/gpu.sh STAGE...      stages: info build build_bg build_wait test test2 grid_full test_huge sanitize
 #                                 memcheck memcheck_plan racecheck sanitize_bwd memcheck_masks probe_masks tune tune_bwd sweep_cuda_attn sweep_cuda_softmax sweep_softmax
 #                                 sweep_softmax_random profile probe_decode probe_two_parts memcheck_pytest racecheck_pytest
-#                                 probe_softmax_window probe_cp
+#                                 probe_softmax_window probe_cp ab
 #                                 bench bench2 pack
 # build_bg starts the extension build in the background (it takes minutes of the CPUs' time while
 # the Triton-only tests compile their kernels); build_wait waits for it before the CUDA stages.
@@ -44,8 +44,38 @@ racecheck() {
   stage racecheck "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --kernel-name-exclude kns=cudnn \
     --error-exitcode 1 python tests/gpu_sanitize.py --quick --attention ${SAN_ARGS:-}
 }
+# A/B of csrc variants in one call (session 26's method): AB_VARIANTS, csrc directories (e.g. an
+# untracked `git archive REV csrc | tar -x -C ab_base` carried to the device beside the tree's own
+# `csrc`), each built side by side in build/ab_<dir>; then AB_CMD (bash -c) once per variant in the
+# order given and again in reverse (a drift of the machine shows as a difference between the two
+# rounds), each in its own process with TILED_ATTN_CSRC / TILED_ATTN_BUILD_DIR set. Logs:
+# ab_build_<dir>.log, ab<round>_<dir>.log.
+ab_stage() {
+  local dirs=() names=() i v
+  for v in ${AB_VARIANTS:?AB_VARIANTS: the csrc directories to compare}; do
+    dirs+=("$(cd "$v" && pwd)"); names+=("$(echo "${v%/}" | tr '/.' '__')")
+  done
+  for i in "${!dirs[@]}"; do
+    (stage "ab_build_${names[i]}" "${BUILD_TIMEOUT:-200}" env TILED_ATTN_CSRC="${dirs[i]}" \
+       TILED_ATTN_BUILD_DIR="$PWD/build/ab_${names[i]}" python -c "$BUILD_PY"
+     echo "${summary[-1]}" >"$OUT/ab_build_${names[i]}.summary") &
+  done
+  wait
+  for i in "${!dirs[@]}"; do summary+=("$(cat "$OUT/ab_build_${names[i]}.summary")"); done
+  local round seq
+  for round in 1 2; do
+    seq=("${!dirs[@]}")
+    if [ "$round" = 2 ]; then seq=(); for ((i = ${#dirs[@]} - 1; i >= 0; i--)); do seq+=("$i"); done; fi
+    for i in "${seq[@]}"; do
+      stage "ab${round}_${names[i]}" "${AB_TIMEOUT:-120}" env TILED_ATTN_CSRC="${dirs[i]}" \
+        TILED_ATTN_BUILD_DIR="$PWD/build/ab_${names[i]}" bash -c "${AB_CMD:?AB_CMD: the command to run per variant}"
+    done
+  done
+}
 for s in "$@"; do
   case "$s" in
+    # e.g. AB_VARIANTS="ab_base/csrc csrc" AB_CMD="python benchmarks/tune_cuda_attention_backward.py" bash .ci/gpu.sh ab pack
+    ab) ab_stage ;;
     info) stage info 60 bash -c 'nvidia-smi; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; nvcc --version | tail -2' ;;
     build) stage build "${BUILD_TIMEOUT:-200}" python -c "$BUILD_PY" ;;
     build_bg) (stage build "${BUILD_TIMEOUT:-200}" python -c "$BUILD_PY"; echo "${summary[-1]}" >"$OUT/build.summary") &
