@@ -24,11 +24,13 @@
 //   and dK products (flash_fwd_sm90_kernel.cuh pack_p), so neither goes through shared memory; only
 //   dS does, for dQ, which needs all 128 keys: both consumers store their dSᵀ rows (64 keys each) into
 //   one of two dS buffers and meet at a named barrier (the producer warp is not in it).
-// Overlap: dPᵀ runs while Pᵀ's exponentials do; at D = 64 (kEarly) the next tile's Sᵀ and dPᵀ are
-// issued before this tile's dQ reductions. The two consumers stay in step (the named barrier).
+// Overlap: dPᵀ runs while Pᵀ's exponentials do; at D = 64 with kBlockM = 64 (kEarly) the next tile's
+// Sᵀ and dPᵀ are issued before this tile's dQ stores. The two consumers stay in step (the named
+// barrier).
 // Why dQ goes through shared memory: red.global.add.v4 from every thread (2048 16-byte requests a
-// tile at D = 128) kept L2 71% busy and the tensor pipe at 42% (ncu, H200, session 24); a TMA
-// reduce-add is a few bulk requests, issued by one thread, that the MMA warps do not wait for. A
+// tile at D = 128) kept L2 71% busy and the tensor pipe at 42% (ncu, H100, 2026-11-28); a TMA
+// reduce-add is a few bulk requests, issued by one thread, that the MMA warps do not wait for (L2
+// 44% busy after, ncu on an H200; the whole backward 1.06-1.12x faster at D = 128 there). A
 // consumer's buffer is rewritten one tile later: its issuing thread waits for the previous reduce
 // to have read it (bulk wait_group.read) before the consumers' dS barrier, which every writer passes
 // after it.
@@ -90,9 +92,11 @@ struct BwdTraits {
       2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kDqBytes + 2 * kLdBytes + 8 * kBarriers + 1024;
   // setmaxnreg budgets as in the forward with two consumers: dV and dK (D registers together), Sᵀ and
   // dPᵀ (kBlockM), their packed fragments and dQ live at once.
-  // The next tile's Sᵀ and dPᵀ issued before this tile's dQ reductions (which they then overlap), or
-  // at the top of the next iteration. At D = 128 the accumulators in flight there spill (ptxas, nvcc
-  // 13.0: 384 bytes with both, 256 with Sᵀ alone), so D = 128 issues them late.
+  // The next tile's Sᵀ and dPᵀ issued before this tile's dQ stores (which they then overlap), or at
+  // the top of the next iteration. At D = 128 both in flight there spill (ptxas, nvcc 13.0: 384
+  // bytes). Sᵀ alone no longer spills since dQ goes through shared memory (at D = 128 and at D = 64
+  // with kBlockM = 128), but measured 10-18% slower there, issued after the dQ product or before
+  // waiting for it (H200, benchmarks/results/2026-11-29-h200-s26-tune-cuda-bwd-early-s.txt).
   static constexpr bool kEarly = kHeadDim <= 64 && kBlockM == 64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
