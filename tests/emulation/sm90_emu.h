@@ -479,34 +479,49 @@ void mbar_wait(uint32_t bar, uint32_t parity) {
     yield_blocked();
   }
 }
-void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1, int c2, int c3) {
+// A copy's map (the kernels' 128-byte-swizzled boxes of elem_bytes elements) and its shared box.
+EmuMap box_map(const char* what, const CUtensorMap* tmap, uint32_t elem_bytes, uint32_t smem) {
   EmuMap m;
   std::memcpy(&m, tmap, sizeof m);
-  if (m.magic != kMapMagic) fail("cp.async.bulk.tensor: not a tensor map encode_tile_map made");
-  if (m.elem_bytes != 2) fail("cp.async.bulk.tensor: the kernels load 16-bit operands only");
-  if (dst % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned (128-byte swizzle)");
+  if (m.magic != kMapMagic) fail(std::string(what) + ": not a tensor map encode_tile_map made");
+  if (m.elem_bytes != elem_bytes)
+    fail(std::string(what) + (elem_bytes == 2 ? ": the kernels load 16-bit operands only" : ": the kernels reduce float32 only"));
+  if (smem % 128) fail(std::string(what) + ": shared box not 128-byte aligned (128-byte swizzle)");
+  return m;
+}
+// Byte `byte` of row r of a box at shared `smem`: row r at 128·r, its 16-byte chunks XORed with address
+// bits 7..9 (the 128-byte swizzle).
+uint32_t box_byte(uint32_t smem, uint32_t r, uint32_t byte) {
+  const uint32_t a = smem + r * 128 + byte;
+  return a ^ (((a >> 7) & 7) << 4);
+}
+// The tensor's element at box element e of row r (coordinates c0 + e, c1 + r, c2, c3): its address, or
+// null outside the tensor; an address outside `buffers` fails (`outside` says which).
+unsigned char* map_element(const EmuMap& m, uint32_t e, uint32_t r, int c0, int c1, int c2, int c3,
+                           const std::vector<Buffer>& buffers, const std::string& outside) {
+  const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
+  for (int i = 0; i < 4; ++i)
+    if (idx[i] < 0 || idx[i] >= static_cast<int64_t>(m.dims[i])) return nullptr;
+  unsigned char* g = const_cast<unsigned char*>(m.base) + idx[0] * m.elem_bytes + idx[1] * m.strides[0] +
+                     idx[2] * m.strides[1] + idx[3] * m.strides[2];
+  const char* pg = reinterpret_cast<const char*>(g);
+  for (const Buffer& b : buffers)
+    if (pg >= b.begin && pg + m.elem_bytes <= b.begin + b.bytes) return g;
+  fail(outside);
+}
+
+void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1, int c2, int c3) {
+  const EmuMap m = box_map("cp.async.bulk.tensor", tmap, 2, dst);
   mbar(bar, "cp.async.bulk.tensor");
   TmaCopy c;
   c.bar = bar;
   for (uint32_t r = 0; r < m.box_rows; ++r) {
-    for (int e = 0; e < 64; ++e) {
-      const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
-      bool inside = true;
-      for (int i = 0; i < 4; ++i) inside = inside && idx[i] >= 0 && idx[i] < static_cast<int64_t>(m.dims[i]);
+    for (uint32_t e = 0; e < 64; ++e) {
       uint8_t v[2] = {0, 0};
-      if (inside) {
-        const unsigned char* src = m.base + idx[0] * 2 + idx[1] * m.strides[0] + idx[2] * m.strides[1] + idx[3] * m.strides[2];
-        bool in_bounds = false;
-        for (const Buffer& b : g_inputs) {
-          const char* ps = reinterpret_cast<const char*>(src);
-          if (ps >= b.begin && ps + 2 <= b.begin + b.bytes) in_bounds = true;
-        }
-        if (!in_bounds) fail("cp.async.bulk.tensor: the map reads outside the kernel's inputs (q/k/v[/dout])");
+      if (const unsigned char* src = map_element(m, e, r, c0, c1, c2, c3, g_inputs,
+              "cp.async.bulk.tensor: the map reads outside the kernel's inputs (q/k/v[/dout])"))
         std::memcpy(v, src, 2);
-      }
-      // Row r at 128·r, its 16-byte chunks XORed with address bits 7..9 (the 128-byte swizzle).
-      uint32_t a = dst + r * 128 + e * 2;
-      a ^= ((a >> 7) & 7) << 4;
+      const uint32_t a = box_byte(dst, r, e * 2);
       for (int h = 0; h < 2; ++h) c.bytes.push_back({a + h, v[h]});
     }
   }
@@ -526,16 +541,11 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* tmap, uint32_t bar, int c0, in
 // covers its group, and until then no thread may overwrite it (check_byte_write).
 void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
   const char* what = "cp.reduce.async.bulk.tensor";
-  EmuMap m;
-  std::memcpy(&m, tmap, sizeof m);
-  if (m.magic != kMapMagic) fail(std::string(what) + ": not a tensor map encode_tile_map made");
-  if (m.elem_bytes != 4) fail(std::string(what) + ": the kernels reduce float32 only");
-  if (src % 128) fail(std::string(what) + ": shared source not 128-byte aligned (128-byte swizzle)");
+  const EmuMap m = box_map(what, tmap, 4, src);
   WgState::BulkOp op;
   for (uint32_t r = 0; r < m.box_rows; ++r) {
-    for (int e = 0; e < 32; ++e) {
-      uint32_t a = src + r * 128 + e * 4;
-      a ^= ((a >> 7) & 7) << 4;
+    for (uint32_t e = 0; e < 32; ++e) {
+      const uint32_t a = box_byte(src, r, e * 4);
       host(a, 4, what);
       for (uint32_t b = a; b < a + 4; ++b) {
         ByteState& s = g_bytes[b];
@@ -547,22 +557,9 @@ void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, in
           fail(std::string(what) + ": reads data written through the generic proxy without fence.proxy.async by its writer");
         ++s.bulk_readers;
       }
-      const int64_t idx[4] = {int64_t{c0} + e, int64_t{c1} + r, c2, c3};
-      bool inside = true;
-      for (int i = 0; i < 4; ++i) inside = inside && idx[i] >= 0 && idx[i] < static_cast<int64_t>(m.dims[i]);
-      float* dst = nullptr;
-      if (inside) {
-        unsigned char* g = const_cast<unsigned char*>(m.base) + idx[0] * 4 + idx[1] * m.strides[0] +
-                           idx[2] * m.strides[1] + idx[3] * m.strides[2];
-        bool in_bounds = false;
-        for (const Buffer& buf : g_red_buffers) {
-          const char* pg = reinterpret_cast<const char*>(g);
-          if (pg >= buf.begin && pg + 4 <= buf.begin + buf.bytes) in_bounds = true;
-        }
-        if (!in_bounds) fail(std::string(what) + ": the map adds outside the registered accumulator (dq_accum)");
-        dst = reinterpret_cast<float*>(g);
-      }
-      op.push_back({a, dst});
+      unsigned char* g = map_element(m, e, r, c0, c1, c2, c3, g_red_buffers,
+                                     std::string(what) + ": the map adds outside the registered accumulator (dq_accum)");
+      op.push_back({a, reinterpret_cast<float*>(g)});
     }
   }
   cur_wg().bulk_open.push_back(std::move(op));
