@@ -1218,7 +1218,7 @@ def cuda_attention_kernel(kernel: str) -> Provider:
 
     def supports(case):
         from tiled_attn.cuda import attention as cuda_attention
-        dims = cuda_attention.SM90_HEAD_DIMS if kernel.startswith("wgmma") else cuda_attention.HEAD_DIMS
+        dims = cuda_attention.sm90_head_dims(kernel) if kernel.startswith("wgmma") else cuda_attention.HEAD_DIMS
         return None if case["D"] in dims else f"the {kernel} kernel has no head dim {case['D']}"
 
     def fn(case, inputs):

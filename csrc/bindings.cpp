@@ -404,8 +404,9 @@ std::string attention_fwd_sm90(const torch::Tensor& q, const torch::Tensor& k, c
   if (!check_attention_args(chk, q, k, v, out, lse, &dtype)) return chk.error();
   const int64_t batch = q.size(0), heads_q = q.size(1), seqlen_q = q.size(2), head_dim = q.size(3);
   const int64_t heads_kv = k.size(1), seqlen_k = k.size(2);
-  if (!chk.value(tiled_attn::attention_sm90_head_dim_supported(head_dim), "head dim ", head_dim,
-                 " is not instantiated in the wgmma attention kernel")) {
+  if (!chk.value(tiled_attn::attention_sm90_head_dim_supported(head_dim, warp_specialized), "head dim ", head_dim,
+                 warp_specialized ? " is not instantiated in the warp-specialized wgmma attention kernel"
+                                  : " is not instantiated in the wgmma attention kernel")) {
     return chk.error();
   }
   if (q.numel() == 0) return "";
@@ -1072,7 +1073,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "attention forward with the sm_90a wgmma kernel into out and lse; returns the error ('': none)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("scale"), py::arg("causal"),
         py::arg("causal_offset"), py::arg("stream"), py::arg("warp_specialized") = false);
-  m.def("attention_sm90_head_dim_supported", &tiled_attn::attention_sm90_head_dim_supported, py::arg("head_dim"));
+  m.def("attention_sm90_head_dim_supported", &tiled_attn::attention_sm90_head_dim_supported, py::arg("head_dim"),
+        py::arg("warp_specialized") = false);
   m.def("attention_bwd_sm90", &attention_bwd_sm90,
         "attention backward with the sm_90a wgmma kernel: dq_accum += dS k, dk and dv written; returns the error "
         "('': none)",

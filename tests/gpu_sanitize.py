@@ -20,7 +20,8 @@ that holds a row on chip (block_row_reg, block_row_smem) runs only rows it takes
 on dtype and layout: the extension's softmax_max_cols); the group "limits" runs each of them at its
 limit and checks that one column more raises ValueError, before any launch.
 Every case is printed before it runs (flushed), so a crash names its case.
---attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways);
+--attention adds ta.attention(backend="cuda") at ragged sizes (MHA/GQA, causal both ways; head dims
+64 and 128, or --attention-head-dims);
 --attention-backward the Triton attention backward kernels (gradients of ta.attention(backend="triton")
 at ragged sizes, odd D, MHA/GQA/MQA, a (B, N, H, D) layout, every dtype; --bwd-backend cuda: the wgmma
 backward's, at D 64 / 128 in 16-bit); --no-softmax skips the
@@ -214,7 +215,7 @@ def run_softmax(res: Results, args, seed: int):
                                    "backward (tiny chunks)")
 
 
-def run_attention(res: Results, seed: int, only=None):
+def run_attention(res: Results, seed: int, only=None, head_dims=(64, 128)):
     from tiled_attn.cuda import attention as cuda_attention
     gen = torch.Generator().manual_seed(seed)
     shapes = ((1, 1), (17, 33), (63, 1), (128, 257), (1, 1000), (300, 300), (257, 128))
@@ -222,7 +223,9 @@ def run_attention(res: Results, seed: int, only=None):
     kernels = ["mma"] + (["wgmma", "wgmma_ws"] if torch.cuda.get_device_capability() == (9, 0) else [])
     kernels = [k for k in kernels if only is None or k in only]
     for kernel, dtype, d, (nq, nk), (hq, hkv), causal in itertools.product(
-            kernels, (torch.float16, torch.bfloat16), (64, 128), shapes, ((2, 2), (6, 2)), (False, True)):
+            kernels, (torch.float16, torch.bfloat16), head_dims, shapes, ((2, 2), (6, 2)), (False, True)):
+        if kernel != "mma" and d not in cuda_attention.sm90_head_dims(kernel):
+            continue
         what = f"attention/{kernel} {nq}x{nk} D={d} H={hq}/{hkv} causal={causal} {dtype}"
         with res.case("attention", what), cuda_attention.forced_kernel(kernel):
             q, k, v = (torch.randn((1, h, s, d), generator=gen).to(dtype).cuda()
@@ -351,6 +354,8 @@ def main() -> int:
     p.add_argument("--attention", action="store_true", help="also ta.attention(backend='cuda')")
     p.add_argument("--attention-kernels", type=lambda s: s.split(","), default=None,
                    help="with --attention: these forward kernels only (mma,wgmma,wgmma_ws; default all)")
+    p.add_argument("--attention-head-dims", type=lambda s: tuple(int(d) for d in s.split(",")), default=(64, 128),
+                   help="with --attention: these head dims (default 64,128; a kernel skips those it lacks)")
     p.add_argument("--attention-backward", action="store_true",
                    help="also the Triton attention backward kernels")
     p.add_argument("--no-softmax", action="store_true", help="skip the softmax kernels")
@@ -384,7 +389,7 @@ def main() -> int:
         run_softmax(res, args, seed)
         check_limits(res, args.kernels or tcuda.SOFTMAX_KERNELS, [DTYPES[d] for d in args.dtypes], seed)
     if args.attention:
-        run_attention(res, seed, args.attention_kernels)
+        run_attention(res, seed, args.attention_kernels, args.attention_head_dims)
     if args.attention_backward:
         run_attention_backward(res, seed, args.quick, args.bwd_dtypes, args.bwd_backend, args.bwd_only)
     if args.big:

@@ -112,7 +112,7 @@ def test_sweep_table_and_script_agree():
     assert ws and ws == sweep.ws_rows()
     for i in ws:
         d, bm, bn = (int(x) for x in rows[i][:3])
-        assert d in cuda_attention.SM90_HEAD_DIMS and bm % 64 == 0 and bn % 16 == 0
+        assert d in cuda_attention.SM90_WS_HEAD_DIMS and bm % 64 == 0 and bn % 16 == 0
 
 
 def test_sweep_apply_writes_mirrored_rows(tmp_path):

@@ -3,8 +3,9 @@ warp-specialized TMA kernel "wgmma_ws"), beside the mma.sync kernel.
 
 On a machine without a GPU:
 1. configs.CUDA_ATTENTION's ("fwd_wgmma", "sm90", "*", D) rows mirror flash_fwd_sm90::Traits, the
-   instantiated head dims (flash_fwd_sm90_hdim*.cu, Sm90HeadDims in flash_fwd_sm90.cu,
-   cuda.attention.SM90_HEAD_DIMS) agree, and every existing forward row still runs the mma kernel.
+   instantiated head dims (flash_fwd_sm90_hdim*.cu, Sm90HeadDims / Sm90WsHeadDims in flash_fwd_sm90.cu,
+   cuda.attention.SM90_HEAD_DIMS / SM90_WS_HEAD_DIMS) agree, and every existing forward row still runs
+   the mma kernel.
 2. The build takes csrc/attention/sm90/*.cu for compute capability 9.0 only (bindings.cpp with the
    wgmma entry bound: tests/test_cuda_build.py::test_bindings_compile_against_torch_headers).
 3. Both kernels, unchanged, run in tests/emulation/flash_fwd_sm90_emulator.cpp: every CUDA thread
@@ -12,7 +13,8 @@ On a machine without a GPU:
    wait semantics), cp.async, fence.proxy.async, shfl, __syncthreads, mbarrier phases and tx counts,
    TMA boxes (128-byte swizzle, zero fill, completion deferred to a random later point) and
    setmaxnreg emulated from the PTX ISA; float64 reference on ragged sizes, causal, GQA/MQA, empty
-   rows, no keys, negative scale; race, proxy and mbarrier-phase checks. ~20 s for the three head dims.
+   rows, no keys, negative scale; race, proxy and mbarrier-phase checks. ~30 s for the five head dims
+   (96 and 192: the warp-specialized kernel only).
 4. kernel selection errors (ValueError naming the argument) and backend=None's reading of
    configs.ATTENTION_SELECT, without a GPU.
 On an sm_90 GPU (skipped elsewhere): ta.attention(..., backend="cuda") with each wgmma kernel forced, the
@@ -65,13 +67,19 @@ def test_wgmma_rows_mirror_the_traits():
     for d, row in rows.items():
         assert row == {"kernel": "wgmma", "block_m": 64 * t["warpgroups"], "block_n": t["block_n"](d),
                        "warpgroups": t["warpgroups"], "stages": t["stages"], "swizzle": 128}, d
-    files = sorted(int(p.stem.removeprefix("flash_fwd_sm90_hdim")) for p in SM90.glob("flash_fwd_sm90_hdim*.cu"))
-    assert tuple(files) == cuda_attention.SM90_HEAD_DIMS
+    files = {int(p.stem.removeprefix("flash_fwd_sm90_hdim")): p.read_text() for p in SM90.glob("flash_fwd_sm90_hdim*.cu")}
+    assert tuple(sorted(files)) == cuda_attention.SM90_WS_HEAD_DIMS
+    for d, text in files.items():  # each file instantiates the kernels that take its head dim
+        assert (f"run_flash_fwd_sm90<{d}," in text) == (d in cuda_attention.SM90_HEAD_DIMS), d
+        assert f"run_flash_fwd_sm90_ws<{d}," in text, d
     src = (SM90 / "flash_fwd_sm90.cu").read_text()
-    dispatched = re.search(r"using Sm90HeadDims = flash_fwd::HeadDims<([\d, ]+)>;", src)
-    assert dispatched, "no Sm90HeadDims (the C++ dispatch's head dims) in flash_fwd_sm90.cu"
-    assert tuple(int(c) for c in dispatched.group(1).split(",")) == cuda_attention.SM90_HEAD_DIMS
-    assert set(cuda_attention.SM90_HEAD_DIMS) <= set(cuda_attention.HEAD_DIMS)
+    for name, dims in (("Sm90HeadDims", cuda_attention.SM90_HEAD_DIMS), ("Sm90WsHeadDims", cuda_attention.SM90_WS_HEAD_DIMS)):
+        dispatched = re.search(rf"using {name} = flash_fwd::HeadDims<([\d, ]+)>;", src)
+        assert dispatched, f"no {name} (the C++ dispatch's head dims) in flash_fwd_sm90.cu"
+        assert tuple(int(c) for c in dispatched.group(1).split(",")) == dims
+    assert set(cuda_attention.SM90_HEAD_DIMS) <= set(cuda_attention.SM90_WS_HEAD_DIMS) <= set(cuda_attention.HEAD_DIMS)
+    assert cuda_attention.sm90_head_dims("wgmma") == cuda_attention.SM90_HEAD_DIMS
+    assert cuda_attention.sm90_head_dims("wgmma_ws") == cuda_attention.SM90_WS_HEAD_DIMS
 
 
 def test_tile_rows_still_name_mma():
@@ -91,7 +99,7 @@ def test_attention_select_rows_are_well_formed():
             assert isinstance(n_min, int) and n_min >= 1 and backend in ("triton", "cuda")
             if backend == "cuda":
                 assert kernel in cuda_attention.KERNELS
-                assert kernel not in cuda_attention.SM90_KERNELS or d in cuda_attention.SM90_HEAD_DIMS
+                assert kernel not in cuda_attention.SM90_KERNELS or d in cuda_attention.sm90_head_dims(kernel)
 
 
 class _FakeCuda:
@@ -164,15 +172,19 @@ def emulator(tmp_path_factory) -> pathlib.Path:
     return build_attention_emulator("flash_fwd_sm90_emulator", tmp_path_factory.mktemp("emu"))
 
 
-@pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", cuda_attention.SM90_WS_HEAD_DIMS)
 def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
-    for kernel in ("cp.async", "ws", "ws_split"):  # every kernel ran its cases
-        assert out.count(f"\nok   {kernel} ") >= 10, (kernel, out[-3000:])
+    for kernel in ("cp.async", "ws", "ws_split"):  # every kernel of the head dim ran its cases
+        ran = out.count(f"\nok   {kernel} ")
+        if kernel == "cp.async" and head_dim not in cuda_attention.SM90_HEAD_DIMS:
+            assert ran == 0, out[-3000:]
+        else:
+            assert ran >= 10, (kernel, out[-3000:])
 
 
-@pytest.mark.parametrize("head_dim", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", cuda_attention.SM90_WS_HEAD_DIMS)
 def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_dim):
     """The emulator's own check. A lagging consumer warpgroup (TILED_ATTN_EMU_LAG: the others run as
     far ahead as the kernel's barriers let them) with the slot-release barrier counting one consumer
@@ -221,10 +233,14 @@ def test_kernel_argument_errors(monkeypatch):
 
 def test_head_dim_error_on_hopper(monkeypatch):
     monkeypatch.setattr(cuda_attention, "_capability", lambda device: (9, 0))  # as if on an H100
+    with pytest.raises(ValueError, match=r"kernel='wgmma' supports head dims \(64, 128, 256\), got D=96"):
+        cuda_attention.select_kernel("wgmma", torch.zeros(1, 1, 4, 96, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"kernel='wgmma_ws' supports head dims \(64, 96, 128, 192, 256\), got D=32"):
+        cuda_attention.select_kernel("wgmma_ws", torch.zeros(1, 1, 4, 32, dtype=torch.float16))
     for kernel in cuda_attention.SM90_KERNELS:
-        with pytest.raises(ValueError, match=rf"kernel='{kernel}' supports head dims \(64, 128, 256\), got D=96"):
-            cuda_attention.select_kernel(kernel, torch.zeros(1, 1, 4, 96, dtype=torch.float16))
         assert cuda_attention.select_kernel(kernel, torch.zeros(1, 1, 4, 256, dtype=torch.float16)) == kernel
+    assert cuda_attention.select_kernel("wgmma_ws", torch.zeros(1, 1, 4, 96, dtype=torch.float16)) == "wgmma_ws"
+    assert cuda_attention.select_kernel("wgmma_ws", torch.zeros(1, 1, 4, 192, dtype=torch.float16)) == "wgmma_ws"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,7 +255,7 @@ GPU = pytest.mark.skipif(not _hopper() or not backend_available("cuda"),
 GRID = [pytest.param(kernel, shape, d, causal, heads, dtype,
                      id=f"{kernel}-{shape[0]}x{shape[1]}-{d}-{'causal' if causal else 'full'}-{heads}-{DT[dtype]}")
         for kernel in cuda_attention.SM90_KERNELS
-        for shape in SHAPES for d in cuda_attention.SM90_HEAD_DIMS for causal in (False, True)
+        for shape in SHAPES for d in cuda_attention.sm90_head_dims(kernel) for causal in (False, True)
         for heads in HEADS for dtype in (torch.float16, torch.bfloat16)]
 
 
@@ -259,8 +275,7 @@ def test_wgmma_grid(kernel, shape, d, causal, heads, dtype, seed):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("kernel", cuda_attention.SM90_KERNELS)
-@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("kernel,d", [(k, d) for k in cuda_attention.SM90_KERNELS for d in cuda_attention.sm90_head_dims(k)])
 def test_wgmma_strided_views_and_offsets(kernel, d, seed):
     """q/k/v split from one packed (B, N, 3, H, D) projection (read in place: TMA maps over the
     strided views), causal offsets that leave rows empty, and the explicit kernel= argument of
@@ -278,7 +293,7 @@ def test_wgmma_strided_views_and_offsets(kernel, d, seed):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("d", cuda_attention.SM90_WS_HEAD_DIMS)
 def test_wgmma_ws_long_keys_and_many_heads(d, seed):
     """The TMA ring wraps many times (8k keys: 64-128 tiles over 2-4 slots), GQA 8:1 with B·Hq past
     one wave of CTAs, and a (B, N, H, D) layout (the head stride is D, the seq stride H·D)."""
@@ -303,7 +318,7 @@ def _kernel_names(fn) -> list[str]:
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("d", cuda_attention.SM90_HEAD_DIMS)
+@pytest.mark.parametrize("d", cuda_attention.SM90_WS_HEAD_DIMS)
 @pytest.mark.parametrize("causal", (False, True))
 def test_backend_none_runs_wgmma_ws_where_selected(d, causal, seed, monkeypatch):
     """Where configs.ATTENTION_SELECT names the CUDA wgmma_ws kernel (a row set here for every head

@@ -42,11 +42,12 @@ more), for head dims 64, 128, 256 in fp16/bf16. Compiled into the extension only
 capability 9.0. "wgmma_ws" is its warp-specialized form (sm90/flash_fwd_sm90_ws_kernel.cuh,
 FlashAttention-3's producer/consumer structure: a producer warp loads Q, K and V tiles by TMA into a
 shared-memory ring guarded by mbarriers; two consumer warpgroups compute, with no CTA barrier in the
-loop); same head dims, dtypes and results, forced only (no config row names it yet).
+loop); same dtypes and results, and head dims 96 and 192 besides (SM90_WS_HEAD_DIMS: D = 96 on
+128-column shared tiles that TMA zero-fills past D).
 Which kernel a launch runs: `attention_forward(..., kernel="mma" | "wgmma" | "wgmma_ws")`, else
 `forced_kernel(...)` (a context manager: the tests' and benchmarks' hook, since ta.attention has no
-such argument), else the "kernel" field of the tile_config row ("mma" where absent: today every row,
-so the default is unchanged). A forced "wgmma"/"wgmma_ws" runs that kernel for every shape (no split-KV
+such argument), else the configs.ATTENTION_SELECT row for the size (wgmma_ws where measured faster),
+else the "kernel" field of the tile_config row ("mma" where absent: today every row). A forced "wgmma"/"wgmma_ws" runs that kernel for every shape (no split-KV
 plan); a ValueError names the argument on a device other than sm_90 or another head dim. Verified on
 the CPU emulator (tests/emulation/flash_fwd_sm90_emulator.cpp) and on an H200 (tests, memcheck,
 racecheck; speed: README's wgmma section); not yet run on an H100.
@@ -63,7 +64,8 @@ from .._plan import current_stream as _stream
 from . import _build
 
 __all__ = ["HEAD_DIMS", "DTYPES", "require_attention", "attention_forward", "tile_config", "decode_config",
-           "split_plan", "KERNELS", "SM90_HEAD_DIMS", "forced_kernel", "select_kernel", "reads_in_place"]
+           "split_plan", "KERNELS", "SM90_HEAD_DIMS", "SM90_WS_HEAD_DIMS", "sm90_head_dims", "forced_kernel",
+           "select_kernel", "reads_in_place"]
 
 # What the templates instantiate (csrc/attention/flash_fwd_hdim*.cu); attention_head_dim_supported
 # in the extension is the C++ side of the same list.
@@ -169,8 +171,16 @@ def _sm_count(device: torch.device) -> int:
 # ---- kernel selection: mma.sync (flash_fwd_kernel.cuh) or wgmma (sm90/flash_fwd_sm90_kernel.cuh) ----
 KERNELS = ("mma", "wgmma", "wgmma_ws")
 SM90_KERNELS = ("wgmma", "wgmma_ws")
-# What csrc/attention/sm90/flash_fwd_sm90_hdim*.cu instantiate (attention_sm90_head_dim_supported).
+# What csrc/attention/sm90/flash_fwd_sm90_hdim*.cu instantiate (attention_sm90_head_dim_supported):
+# the cp.async kernel ("wgmma") whole 64-column blocks, the warp-specialized one ("wgmma_ws") also
+# D = 96 (on 128-column shared tiles that TMA zero-fills past D) and 192.
 SM90_HEAD_DIMS = (64, 128, 256)
+SM90_WS_HEAD_DIMS = (64, 96, 128, 192, 256)
+
+
+def sm90_head_dims(kernel: str) -> tuple[int, ...]:
+    """The head dims an sm90 kernel ("wgmma" or "wgmma_ws") instantiates."""
+    return SM90_WS_HEAD_DIMS if kernel == "wgmma_ws" else SM90_HEAD_DIMS
 _forced: list = [None]  # forced_kernel's value (a list: no `global` statement)
 
 
@@ -216,8 +226,9 @@ def select_kernel(kernel: str | None, q: torch.Tensor, causal: bool = False, nk:
             where = f"compute capability {cap[0]}.{cap[1]}" if cap else q.device.type
             raise ValueError(f"kernel={kernel!r} needs an sm_90 (Hopper) CUDA device, got {where} ({q.device}); "
                              "use kernel='mma'")
-        if d not in SM90_HEAD_DIMS:
-            raise ValueError(f"kernel={kernel!r} supports head dims {SM90_HEAD_DIMS}, got D={d}; use kernel='mma'")
+        if d not in sm90_head_dims(kernel):
+            raise ValueError(f"kernel={kernel!r} supports head dims {sm90_head_dims(kernel)}, got D={d}; "
+                             "use kernel='mma'")
     return kernel
 
 

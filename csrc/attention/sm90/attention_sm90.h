@@ -29,7 +29,8 @@ cudaError_t attention_fwd_sm90_ws(AttnDtype dtype, const void* q, const void* k,
                                   AttnStrides v_stride, AttnStrides o_stride, float scale, bool causal,
                                   int64_t causal_offset, cudaStream_t stream);
 
-bool attention_sm90_head_dim_supported(int64_t head_dim);
+// The head dims the kernel instantiates: 64, 128, 256; warp_specialized also 96 and 192.
+bool attention_sm90_head_dim_supported(int64_t head_dim, bool warp_specialized);
 
 // The attention backward on wgmma (flash_bwd_sm90_kernel.cuh) for head dims 64 and 128, fp16/bf16: q, k,
 // v, dout as for the forward (dout laid out like q); lse the forward's, delta = rowsum(dout · out) (minus

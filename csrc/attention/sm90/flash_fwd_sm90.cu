@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "../flash_fwd.cuh"
 #include "attention_sm90.h"
 
@@ -15,17 +17,23 @@ template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90_ws(const flash_fwd::Params& params, int batch_heads, cudaStream_t stream);
 }  // namespace flash_fwd_sm90
 
-// What flash_fwd_sm90_hdim<D>.cu instantiate (tiled_attn/cuda/attention.py SM90_HEAD_DIMS mirrors it).
+// What flash_fwd_sm90_hdim<D>.cu instantiate (tiled_attn/cuda/attention.py SM90_HEAD_DIMS and
+// SM90_WS_HEAD_DIMS mirror them): the cp.async kernel whole 64-column blocks only, the warp-specialized
+// one also D = 96 (padded to 128 columns in shared memory by TMA's zero fill) and 192.
 using Sm90HeadDims = flash_fwd::HeadDims<64, 128, 256>;
+using Sm90WsHeadDims = flash_fwd::HeadDims<64, 96, 128, 192, 256>;
 
-bool attention_sm90_head_dim_supported(int64_t head_dim) { return Sm90HeadDims::contains(head_dim); }
+bool attention_sm90_head_dim_supported(int64_t head_dim, bool warp_specialized) {
+  return warp_specialized ? Sm90WsHeadDims::contains(head_dim) : Sm90HeadDims::contains(head_dim);
+}
 
 namespace {
 // Both entries' path: the checks and Params of make_params, then the cp.async kernel or (kWs) the
 // warp-specialized one for the dtype and head dim.
 template <bool kWs, typename... Args>
 cudaError_t run_sm90(AttnDtype dtype, int64_t head_dim, cudaStream_t stream, const Args&... args) {
-  return Sm90HeadDims::run(
+  using Dims = std::conditional_t<kWs, Sm90WsHeadDims, Sm90HeadDims>;
+  return Dims::run(
       dtype, head_dim,
       [&](auto elem, auto dim, flash_fwd::Params& p, int batch_heads) {
         using T = typename decltype(elem)::type;

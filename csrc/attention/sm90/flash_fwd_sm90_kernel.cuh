@@ -68,6 +68,7 @@ struct Traits {
   // (O alone takes 128 registers).
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   static constexpr int kStages = 2;
+  static constexpr int kTileD = kHeadDim;     // the shared tiles' width and P V's N (WsTraits pads it)
   static constexpr int kSRegs = kBlockN / 2;  // S accumulator registers per thread
   static constexpr int kORegs = kHeadDim / 2;  // O accumulator registers per thread
   static constexpr int kQKSteps = kHeadDim / 16;
@@ -230,13 +231,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[Tr::kSRegs], uint32_t (&
   }
 }
 
-// O += P V: desc_v at the V slot (MN-major, 16 keys = 16 rows of 128 bytes a k step).
+// O += P V: desc_v at the V slot (MN-major, 16 keys = 16 rows of 128 bytes a k step), N = the tile's
+// whole width (kTileD: past D, zero columns).
 template <class Tr, typename T>
 __device__ __forceinline__ void pv_product(float (&acc)[Tr::kORegs], const uint32_t (&pa)[Tr::kPVSteps][4],
                                            uint64_t desc_v) {
 #pragma unroll
   for (int kk = 0; kk < Tr::kPVSteps; ++kk)
-    Wgmma<Tr::kHeadDim, T>::template rs<1>(acc, pa[kk], desc_advance(desc_v, kk * 16 * 128), 1);
+    Wgmma<Tr::kTileD, T>::template rs<1>(acc, pa[kk], desc_advance(desc_v, kk * 16 * 128), 1);
 }
 
 // The epilogue's first half: this thread's two rows (row0, row0 + 8 of the tile) of O / l into the

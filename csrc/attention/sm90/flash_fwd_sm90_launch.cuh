@@ -97,19 +97,26 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
 }
 #endif
 
-// One tile shape of the warp-specialized kernel: its three tensor maps (boxes of the tile's rows), then
-// the launch.
+// One tile shape of the warp-specialized kernel: its three tensor maps (boxes of the tile's rows; the
+// maps' inner dimension is D, so a padded tile's columns past D are zero-filled), then the launch.
+// With no key at all no K or V tile is loaded (every CTA writes zeros and lse -inf), but a map needs
+// every dimension >= 1: K's and V's maps are then made over Q's first row (heads_kv <= heads_q rows of
+// memory that exist), never read.
 template <class Tr, typename T>
 cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stream) {
   const int64_t batch = batch_heads / params.heads_q, heads_kv = params.heads_q / params.group;
   constexpr int kD = Tr::kHeadDim;
+  const bool keys = params.seqlen_k > 0;
+  const int64_t rows_kv = keys ? params.seqlen_k : 1;
   TmaMaps maps;
   if (!encode_operand(&maps.q, params.q, batch, params.heads_q, params.seqlen_q, kD, params.q_batch, params.q_head,
                       params.q_seq, Tr::kBlockM) ||
-      !encode_operand(&maps.k, params.k, batch, heads_kv, params.seqlen_k, kD, params.k_batch, params.k_head,
-                      params.k_seq, Tr::kBlockN) ||
-      !encode_operand(&maps.v, params.v, batch, heads_kv, params.seqlen_k, kD, params.v_batch, params.v_head,
-                      params.v_seq, Tr::kBlockN)) {
+      !encode_operand(&maps.k, keys ? params.k : params.q, batch, heads_kv, rows_kv, kD,
+                      keys ? params.k_batch : params.q_batch, keys ? params.k_head : params.q_head,
+                      keys ? params.k_seq : params.q_seq, Tr::kBlockN) ||
+      !encode_operand(&maps.v, keys ? params.v : params.q, batch, heads_kv, rows_kv, kD,
+                      keys ? params.v_batch : params.q_batch, keys ? params.v_head : params.q_head,
+                      keys ? params.v_seq : params.q_seq, Tr::kBlockN)) {
     return cudaErrorInvalidValue;
   }
   return launch_ws_kernel<Tr, T>(params, maps, batch_heads, stream);
@@ -117,11 +124,9 @@ cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stre
 
 // The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
 // alignment of every base and stride, which is also TMA's rule), the tile by head dim (ws_consumers,
-// ws_block_n). With no key at all it runs the cp.async kernel (a map needs every dimension >= 1;
-// that kernel only writes zeros and -inf then).
+// ws_block_n).
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
-  if (params.seqlen_k == 0) return run_flash_fwd_sm90<kHeadDim, T>(params, batch_heads, stream);
   return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>()>, T>(params, batch_heads, stream);
 }
 

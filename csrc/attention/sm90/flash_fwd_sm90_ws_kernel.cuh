@@ -21,7 +21,7 @@
 // 128-byte swizzle of the maps lays each 64-column block out exactly as swizzled_offset does (chunk
 // c of row r at c ^ (r % 8)), so the descriptors and the emulator's layout checks are the cp.async
 // kernel's. The box is 64 columns (128 bytes, the swizzle's limit) by the tile's rows: D / 64 boxes
-// a tile, block b at b·rows·128 bytes.
+// a tile, block b at b·rows·128 bytes (D = 96: two blocks, the second half zeros: WsTraits::kTileD).
 // Epilogue: each warp stages its own 16 rows of O in the (then free) Q rows it owns and stores them
 // with 16-byte row-contiguous stores; a __syncwarp orders the two (no CTA barrier needed).
 // tests/emulation/flash_fwd_sm90_emulator.cpp runs this kernel too (mbarrier phases, tx counts and
@@ -212,15 +212,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // every wgmma reading it completed before this warpgroup's last P V was issued), then 16-byte stores.
   stage_output<Tr, T>(acc, rs, sQ, row0, t, cta.rows_q, p.lse + int64_t{cta.bh} * p.seqlen_q + cta.m0);
   __syncwarp();
-  constexpr int kChunks = Tr::kHeadDim / 8;        // 16-byte chunks a row
-  constexpr int kRowsPerStep = kWarpSize / kChunks;  // rows one 32-lane store covers (4, 2, 1)
-  const int chunk = lane % kChunks;
-  T* const gO = static_cast<T*>(p.out) + int64_t{cta.batch} * p.o_batch + int64_t{cta.head} * p.o_head + chunk * 8;
+  // The warp's 16 rows of D / 8 16-byte chunks (a row's chunks on consecutive lanes), 32 a step: 16
+  // rows x 12 chunks at D = 96 take 6 steps, a step then spanning parts of three rows.
+  constexpr int kChunks = Tr::kHeadDim / 8;
+  T* const gO = static_cast<T*>(p.out) + int64_t{cta.batch} * p.o_batch + int64_t{cta.head} * p.o_head;
 #pragma unroll
-  for (int i = 0; i < 16 / kRowsPerStep; ++i) {
-    const int r = cw * 64 + warp * 16 + lane / kChunks + i * kRowsPerStep;
+  for (int i = 0; i < 16 * kChunks / kWarpSize; ++i) {
+    const int idx = i * kWarpSize + lane;
+    const int r = cw * 64 + warp * 16 + idx / kChunks, chunk = idx % kChunks;
     if (r < cta.rows_q) {
-      *reinterpret_cast<uint4*>(gO + int64_t{cta.m0 + r} * p.o_seq) = ld_shared_b128(sQ + swizzled_offset<Tr::kBlockM>(r, chunk));
+      *reinterpret_cast<uint4*>(gO + int64_t{cta.m0 + r} * p.o_seq + chunk * 8) =
+          ld_shared_b128(sQ + swizzled_offset<Tr::kBlockM>(r, chunk));
     }
   }
 }

@@ -17,13 +17,16 @@ namespace flash_fwd_sm90 {
 //     and lose 30-37%: one slot is held by the P V in flight (the slot is freed after P V, so with
 //     two slots the producer cannot run a tile ahead). Longer tiles need K freed apart from V.
 //   D = 256: 128 x 64, two slots (the same limit; 80 keys spill here).
+//   D = 96 and 192 (not yet measured; the sweep's D = 96 / 192 rows, 2026-11-29): D = 96 as D = 128's
+//     tile (its shared tiles are 128 columns wide, below); D = 192 128 x 64 with three slots (two at
+//     96 or 112 keys, FA3's 112).
 template <int kHeadDim>
 constexpr int ws_consumers() {
   return kHeadDim == 64 ? 3 : 2;
 }
 template <int kHeadDim>
 constexpr int ws_block_n() {
-  return kHeadDim == 64 ? 112 : kHeadDim == 128 ? 128 : 64;
+  return kHeadDim == 64 ? 112 : kHeadDim <= 128 ? 128 : 64;
 }
 
 // kSplitRelease: K and V slots released apart (FA3's order). A consumer frees K_i as soon as S_i = Q K_iᵀ
@@ -40,15 +43,22 @@ struct WsTraits {
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;
+  // The shared tiles' width: the head dim in whole 128-byte swizzle rows (64 columns). A head dim that
+  // is not a multiple of 64 (96) is padded: the TMA box past column D reads outside the map (whose
+  // inner dimension is D), which the hardware fills with zeros, so nothing past D is read from memory.
+  // Q Kᵀ stops at D (kQKSteps); P V runs over the whole width (wgmma's MN-major B operand with a
+  // 128-byte swizzle spans whole 64-column blocks), the zero columns of V giving zero columns of O
+  // that the epilogue does not store: at D = 96 the P V product does 4/3 the useful work.
+  static constexpr int kTileD = (kHeadDim + 63) / 64 * 64;
   static constexpr int kSRegs = kBlockN / 2;
-  static constexpr int kORegs = kHeadDim / 2;
+  static constexpr int kORegs = kTileD / 2;
   static constexpr int kQKSteps = kHeadDim / 16;
   static constexpr int kPVSteps = kBlockN / 16;
-  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte (64-element) column blocks, one TMA box each
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kColBlocks = kTileD / 64;  // 128-byte (64-element) column blocks, one TMA box each
+  static constexpr int kQBytes = kBlockM * kTileD * 2;
+  static constexpr int kKVBytes = kBlockN * kTileD * 2;
   // Ring depth: as many K+V slots as fit beside Q under the 227 KB opt-in, at most 4 (D = 64: 4;
-  // D = 128: 3 at 128 keys, 2 at 144-176; D = 256: 2). Two slots stall the consumers (see above). The + 1024: the dynamic shared memory base is
+  // D = 96 and 128: 3 at 128 keys, 2 at 144-176; D = 192: 3 at 64 keys, 2 at 80-112; D = 256: 2). Two slots stall the consumers (see above). The + 1024: the dynamic shared memory base is
   // aligned up to the swizzle atom inside the kernel.
   static constexpr int kSmemLimit = 232448;
   static constexpr int kBarriersPerSlot = kSplitRelease ? 4 : 3;  // K full, V full, and one empty or K / V empty
@@ -58,12 +68,12 @@ struct WsTraits {
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
   // Register budgets after setmaxnreg (FA3's): the CTA's 64 K registers, which __launch_bounds__(kThreads,
   // 1) spreads evenly at launch (168 or 128 a thread), move to the consumers: 24 x 128 + 240 x 256 or
-  // 32 x 128 + 160 x 384. What a consumer holds: S kBlockN / 2, P kBlockN / 4 and O kHeadDim / 2
+  // 32 x 128 + 160 x 384. What a consumer holds: S kBlockN / 2, P kBlockN / 4 and O kTileD / 2
   // registers, live together while one tile's softmax overlaps the last one's P V, and ~40 more.
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 
-  static_assert(kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static_assert(kHeadDim % 16 == 0, "whole k steps of Q Kᵀ and 16-byte output chunks");
   static_assert(kConsumers == 2 || kConsumers == 3, "the register budgets above");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N (Q Kᵀ) and whole k steps (P V); a TMA box of <= 256 rows");
   static_assert(kStages >= 2, "one slot loading while one is computed");

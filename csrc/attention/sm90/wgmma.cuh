@@ -106,7 +106,7 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][4]) {
 // accumulator register, so the N/2 operands are spelled out in blocks of eight (TILED_ATTN_WGMMA_D8_<b>:
 // the "+f" operands 8b..8b+7, _L8_<b>: their %-numbers), TILED_ATTN_WGMMA_D<REGS> / _L<REGS> chain the
 // first REGS / 8 blocks, and the operand numbers after them are given as strings. N: the key tiles
-// (flash_fwd_sm90_ws_traits.cuh and the sweep's kWs rows) and the head dims (64, 128, 256).
+// (flash_fwd_sm90_ws_traits.cuh and the sweep's kWs rows) and the tiles' widths (64, 128, 192, 256).
 template <int N, typename T>
 struct Wgmma;
 
@@ -227,6 +227,7 @@ TILED_ATTN_WGMMA_N(112, 56, "56", "57", "58", "59", "60", "{%56, %57, %58, %59}"
 TILED_ATTN_WGMMA_N(128, 64, "64", "65", "66", "67", "68", "{%64, %65, %66, %67}", "68", "69", "70")
 TILED_ATTN_WGMMA_N(144, 72, "72", "73", "74", "75", "76", "{%72, %73, %74, %75}", "76", "77", "78")
 TILED_ATTN_WGMMA_N(160, 80, "80", "81", "82", "83", "84", "{%80, %81, %82, %83}", "84", "85", "86")
+TILED_ATTN_WGMMA_N(192, 96, "96", "97", "98", "99", "100", "{%96, %97, %98, %99}", "100", "101", "102")
 TILED_ATTN_WGMMA_N(256, 128, "128", "129", "130", "131", "132", "{%128, %129, %130, %131}", "132", "133", "134")
 
 #undef TILED_ATTN_WGMMA

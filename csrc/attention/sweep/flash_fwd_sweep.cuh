@@ -83,6 +83,18 @@ constexpr SweepVariant kSweep[] = {
     {128, 128, 144, 12, 2, F kWs | F kWsSplit, 1, "144 keys with two slots, K freed before the softmax: the 30% loss of the unsplit 144 gone if the lead was what it lacked"},
     {128, 128, 160, 12, 2, F kWs | F kWsSplit, 1, "160 keys, split: FA3's shape class (its 176 spills here); +3-6% over the reference if the lead suffices"},
     {256, 128, 64, 12, 2, F kWs | F kWsSplit, 1, "D = 256, split: its two slots are the same limit (0.67-0.83x cuDNN on the H200)"},
+    // D = 96 and 192 (session 27, 2026-11-29: new in the kWs kernel; the default there is the Triton forward in two
+    // head-dim parts, 0.66-0.84x and 0.55-0.63x cuDNN on the H100 in session 19). D = 96 runs on 128-column
+    // shared tiles (WsTraits::kTileD: TMA zero-fills past D), so its P V does 4/3 the useful work.
+    {96, 128, 128, 12, 3, F kWs, 1, "reference: D = 128's tile; predicted ~0.86x D = 128's TFLOP/s (Q K^T 6 k steps of 8, P V all 8)"},
+    {96, 128, 128, 12, 3, F kWs | F kWsSplit, 1, "the release split at D = 96 (as at D = 128: +0-2%)"},
+    {96, 128, 160, 12, 2, F kWs | F kWsSplit, 1, "160 keys, two slots, split: 20% fewer key tiles if the K lead suffices"},
+    {96, 192, 64, 16, 4, F kWs, 1, "three consumers (FA3's 192-row tile at D = 96, with 64 keys here: 160 registers hold S 32 + P 16 + O 64)"},
+    {192, 128, 64, 12, 3, F kWs, 1, "reference: D = 256's tile shape at D = 192, three slots"},
+    {192, 128, 64, 12, 3, F kWs | F kWsSplit, 1, "the release split with three slots (+0-2%)"},
+    {192, 128, 96, 12, 2, F kWs, 1, "96 keys, two slots: a third fewer key tiles, no K lead (the D = 128 x 144 two-slot tile lost 30%)"},
+    {192, 128, 96, 12, 2, F kWs | F kWsSplit, 1, "96 keys, two slots, split: K freed before the softmax keeps a K tile of lead"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit, 1, "FA3's D = 192 tile (128 x 112), split"},
 #undef F
 };
 // clang-format on
