@@ -131,18 +131,25 @@ DEFAULT_BACKEND = _Table({
 # that size (tiled_attn/cuda/attention.py select_kernel; "mma" where no cuda row applies). Only for
 # plain calls (no window, softcap, ALiBi, key mask, varlen or cache) whose q, k, v the CUDA kernels
 # read in place, and only where the CUDA extension can be built (cuda.is_available(): a first call
-# then builds it). attention_select() reads it; tests/test_attention_select.py checks its shape.
-# Rows: benchmarks/sweep_cuda_attention.py --ws --cudnn --triton (H200, 2026-11-26, the Triton forward
-# and the wgmma_ws tiles timed in the same interleaved rounds, B·N = 32k tokens, H·D = 2048, bf16;
-# benchmarks/results/sweeps/2026-11-26-h200-s16-sm90-ws-tiles.md). TFLOP/s wgmma_ws vs Triton:
+# then builds it). attention_select() reads it; tests/test_cuda_attention_sm90.py checks its shape.
+# Rows: benchmarks/sweep_cuda_attention.py --ws --cudnn --triton (H200, the Triton forward and the
+# wgmma_ws tiles timed in the same interleaved rounds, B·N = 32k tokens, H·D = 2048, bf16, N 512-16k;
+# benchmarks/results/sweeps/2026-11-26-h200-s16-sm90-ws-tiles.md, D = 64 / 128, and
+# 2026-11-29-h200-s27-sm90-ws-tiles.md, D = 96 / 192 / 256). TFLOP/s wgmma_ws vs Triton:
 ATTENTION_SELECT = _Table({
     # D = 64: 421-455 vs 411-417 at N 4k-16k; Triton ahead below (255-390 vs 331-407) and causal.
     ("sm90", 64, False): ((4096, "cuda", "wgmma_ws"),),
+    # D = 96 (on 128-column tiles): 341-534 vs 293-363; causal 217-525 vs 206-360.
+    ("sm90", 96, False): ((512, "cuda", "wgmma_ws"),),
+    ("sm90", 96, True): ((512, "cuda", "wgmma_ws"),),
     # D = 128: 402-650 vs 382-506 at every N; causal 364-644 vs 361-517 from N = 1024 (251 vs 262 at 512).
     ("sm90", 128, False): ((512, "cuda", "wgmma_ws"),),
     ("sm90", 128, True): ((1024, "cuda", "wgmma_ws"),),
-    # D = 256: 375-416 vs 324-379 at N <= 1024, 454-472 vs 469-506 above; causal 280-533 vs 229-514.
-    ("sm90", 256, False): ((2048, "triton", None), (512, "cuda", "wgmma_ws")),
+    # D = 192 (K and V released apart): 454-675 vs 295-387; causal 298-674 vs 197-394.
+    ("sm90", 192, False): ((512, "cuda", "wgmma_ws"),),
+    ("sm90", 192, True): ((512, "cuda", "wgmma_ws"),),
+    # D = 256 (K and V released apart since session 27): 498-738 vs 318-480; causal 319-738 vs 227-494.
+    ("sm90", 256, False): ((512, "cuda", "wgmma_ws"),),
     ("sm90", 256, True): ((512, "cuda", "wgmma_ws"),),
 })
 

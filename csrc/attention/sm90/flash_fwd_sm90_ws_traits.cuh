@@ -8,18 +8,24 @@
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
 
-// The tile per head dim (causal or not): consumer warpgroups (64 query rows each) and keys per tile, chosen
-// by benchmarks/sweep_cuda_attention.py --ws over the kWs rows of csrc/attention/sweep/flash_fwd_sweep.cuh
-// (H200, 2026-11-26: benchmarks/results/sweeps/2026-11-26-h200-s16-sm90-ws-tiles.md). Measured:
+// The tile per head dim (causal or not): consumer warpgroups (64 query rows each), keys per tile and the
+// release order, chosen by benchmarks/sweep_cuda_attention.py --ws over the kWs rows of
+// csrc/attention/sweep/flash_fwd_sweep.cuh (H200, kernel time, bf16, B·N = 32k tokens, H·D = 2048).
+// Measured (benchmarks/results/sweeps/2026-11-26-h200-s16-sm90-ws-tiles.md, D = 64 / 128 / 256, and
+// 2026-11-29-h200-s27-sm90-ws-tiles.md, D = 96 / 192 / 256 with the release split):
 //   D = 64: three consumers, 192 x 112: +2-9% over two (128 x 128) at N >= 2048, -5-13% at N <= 1024
 //     (where backend=None runs the Triton forward anyway: configs.ATTENTION_SELECT).
 //   D = 128: 128 x 128 with three ring slots. 144 and 160 keys (FA3 picks 176) fit only two slots
 //     and lose 30-37%: one slot is held by the P V in flight (the slot is freed after P V, so with
 //     two slots the producer cannot run a tile ahead). Longer tiles need K freed apart from V.
-//   D = 256: 128 x 64, two slots (the same limit; 80 keys spill here).
-//   D = 96 and 192 (not yet measured; the sweep's D = 96 / 192 rows, 2026-11-29): D = 96 as D = 128's
-//     tile (its shared tiles are 128 columns wide, below); D = 192 128 x 64 with three slots (two at
-//     96 or 112 keys, FA3's 112).
+//   D = 96: D = 128's tile (its shared tiles are 128 columns wide, below): 341-534 TFLOP/s, causal
+//     217-525 (cuDNN 410-496, 273-440); the release split within +-3%, 160 keys (split) 0-19% slower,
+//     three consumers x 64 keys 3-13% slower.
+//   D = 192: 128 x 64, three slots, K and V released apart: 454-675, causal 298-674 (cuDNN 497-645,
+//     342-590); unsplit -2-+3%; 96 and 112 keys (two slots) need the split (96 unsplit: -30%) and are
+//     then +3-10% at N >= 2048 but -5-11% at N = 512 (112 keys, causal: -11%).
+//   D = 256: 128 x 64, two slots (the same limit; 80 keys spill here), K and V released apart:
+//     +34-65% over the unsplit tile (498-738 against 372-535; cuDNN 536-720).
 template <int kHeadDim>
 constexpr int ws_consumers() {
   return kHeadDim == 64 ? 3 : 2;
@@ -28,13 +34,18 @@ template <int kHeadDim>
 constexpr int ws_block_n() {
   return kHeadDim == 64 ? 112 : kHeadDim <= 128 ? 128 : 64;
 }
+template <int kHeadDim>
+constexpr bool ws_split_release() {
+  return kHeadDim >= 192;
+}
 
 // kSplitRelease: K and V slots released apart (FA3's order). A consumer frees K_i as soon as S_i = Q K_iᵀ
 // has landed (before its softmax) and V_i once P_i V_i has; the producer loads K_{i+1} before V_i. The
 // slot held by the P V in flight is then only V's, so with two slots the producer still runs a K tile
-// ahead: what the 144-176-key tiles at D = 128 and the two-slot D = 256 tile lack (see above). Off in
-// every default tile until the sweep's kWsSplit rows measure it (not yet run on a GPU, 2026-11-27).
-template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>(), bool kSplitRelease_ = false>
+// ahead: what the two-slot tiles lack (D = 256: +34-65%, above). The default per head dim:
+// ws_split_release.
+template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>(),
+          bool kSplitRelease_ = ws_split_release<kHeadDim_>()>
 struct WsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;

@@ -77,8 +77,8 @@ constexpr SweepVariant kSweep[] = {
     {128, 128, 144, 12, 2, F kWs, 1, "+2-4% non-causal: 12% fewer key tiles (softmax rounds, waits), two slots instead of three"},
     {128, 128, 160, 12, 2, F kWs, 1, "+3-6% non-causal (FA3 picks 176): 20% fewer key tiles; the causal diagonal wastes more: -2-0% causal"},
     {256, 128, 64, 12, 2, F kWs, 1, "reference: the D = 256 tile (the only one without spills here)"},
-    // K and V released apart (kWsSplit: FA3's order; emulated, not yet run on a GPU, 2026-11-27): the P V in
-    // flight holds only V's slot, so two slots keep a K tile of lead.
+    // K and V released apart (kWsSplit: FA3's order): the P V in flight holds only V's slot, so two slots keep
+    // a K tile of lead.
     {128, 128, 128, 12, 3, F kWs | F kWsSplit, 1, "against the reference: the release split alone (+0-2%: three slots already keep the producer ahead)"},
     {128, 128, 144, 12, 2, F kWs | F kWsSplit, 1, "144 keys with two slots, K freed before the softmax: the 30% loss of the unsplit 144 gone if the lead was what it lacked"},
     {128, 128, 160, 12, 2, F kWs | F kWsSplit, 1, "160 keys, split: FA3's shape class (its 176 spills here); +3-6% over the reference if the lead suffices"},
@@ -95,6 +95,8 @@ constexpr SweepVariant kSweep[] = {
     {192, 128, 96, 12, 2, F kWs, 1, "96 keys, two slots: a third fewer key tiles, no K lead (the D = 128 x 144 two-slot tile lost 30%)"},
     {192, 128, 96, 12, 2, F kWs | F kWsSplit, 1, "96 keys, two slots, split: K freed before the softmax keeps a K tile of lead"},
     {192, 128, 112, 12, 2, F kWs | F kWsSplit, 1, "FA3's D = 192 tile (128 x 112), split"},
+    // Session 27's first run (H200): the split +34-65% at D = 256 (two slots), +-3% at D = 96 / 192 with three.
+    {64, 192, 112, 16, 4, F kWs | F kWsSplit, 1, "D = 64's tile, split (four slots: +-2% expected)"},
 #undef F
 };
 // clang-format on
