@@ -47,10 +47,11 @@ loop); same dtypes and results, and head dims 96 and 192 besides (SM90_WS_HEAD_D
 Which kernel a launch runs: `attention_forward(..., kernel="mma" | "wgmma" | "wgmma_ws")`, else
 `forced_kernel(...)` (a context manager: the tests' and benchmarks' hook, since ta.attention has no
 such argument), else the configs.ATTENTION_SELECT row for the size (wgmma_ws where measured faster),
-else the "kernel" field of the tile_config row ("mma" where absent: today every row). A forced "wgmma"/"wgmma_ws" runs that kernel for every shape (no split-KV
-plan); a ValueError names the argument on a device other than sm_90 or another head dim. Verified on
-the CPU emulator (tests/emulation/flash_fwd_sm90_emulator.cpp) and on an H200 (tests, memcheck,
-racecheck; speed: README's wgmma section); not yet run on an H100.
+else the "kernel" field of the tile_config row ("mma" where absent: today every row). A forced
+"wgmma"/"wgmma_ws" runs that kernel for every shape (no split-KV plan); a ValueError names the
+argument on a device other than sm_90 or another head dim. Verified on the CPU emulator
+(tests/emulation/flash_fwd_sm90_emulator.cpp) and on an H200 (tests, memcheck, racecheck; speed:
+README's wgmma section); the H100 has run the wgmma_ws grid at D 64 / 128 / 256 only (2026-11-27).
 """
 from __future__ import annotations
 
