@@ -9,7 +9,8 @@ def _shape(n, d, causal):
     return dict(B=TOKENS // n, H=HIDDEN // d, N=n, D=d, causal=causal)
 
 
-# Issue 14's grid: head dims 64-256 (96 and 192: no cuda-wgmma, the cp.async kernel lacks them) and N 512-16k.
+# Issue 14's grid: head dims 64-256 (96 and 192: no cuda-wgmma, whose cp.async kernel lacks them)
+# and N 512-16k.
 SHAPES = [_shape(n, d, c) for c in (False, True) for d in (64, 96, 128, 192, 256)
           for n in (512, 1024, 2048, 4096, 8192, 16384)]
 QUICK = [_shape(n, 128, c) for c in (False, True) for n in (2048, 8192)]

@@ -17,12 +17,14 @@ namespace flash_fwd_sm90 {
 //     (where backend=None runs the Triton forward anyway: configs.ATTENTION_SELECT).
 //   D = 128: 128 x 128 with three ring slots. 144 and 160 keys (FA3 picks 176) fit only two slots
 //     and lose 30-37%: one slot is held by the P V in flight (the slot is freed after P V, so with
-//     two slots the producer cannot run a tile ahead). Longer tiles need K freed apart from V.
+//     two slots the producer cannot run a tile ahead). With K and V freed apart (below) they still
+//     lose 1-18%, and the split alone costs 0-5% (2026-11-29-h200-s27-sm90-ws-split-d64-d128.md; at
+//     D = 64 4-11% at N >= 8192): both keep the unsplit tile.
 //   D = 96: D = 128's tile (its shared tiles are 128 columns wide, below): 341-534 TFLOP/s, causal
 //     217-525 (cuDNN 410-496, 273-440); the release split within +-3%, 160 keys (split) 0-19% slower,
 //     three consumers x 64 keys 3-13% slower.
 //   D = 192: 128 x 64, three slots, K and V released apart: 454-675, causal 298-674 (cuDNN 497-645,
-//     342-590); unsplit -2-+3%; 96 and 112 keys (two slots) need the split (96 unsplit: -30%) and are
+//     342-590); the unsplit tile within -2/+3% of it; 96 and 112 keys (two slots) need the split (96 unsplit: -30%) and are
 //     then +3-10% at N >= 2048 but -5-11% at N = 512 (112 keys, causal: -11%).
 //   D = 256: 128 x 64, two slots (the same limit; 80 keys spill here), K and V released apart:
 //     +34-65% over the unsplit tile (498-738 against 372-535; cuDNN 536-720).
@@ -69,8 +71,9 @@ struct WsTraits {
   static constexpr int kQBytes = kBlockM * kTileD * 2;
   static constexpr int kKVBytes = kBlockN * kTileD * 2;
   // Ring depth: as many K+V slots as fit beside Q under the 227 KB opt-in, at most 4 (D = 64: 4;
-  // D = 96 and 128: 3 at 128 keys, 2 at 144-176; D = 192: 3 at 64 keys, 2 at 80-112; D = 256: 2). Two slots stall the consumers (see above). The + 1024: the dynamic shared memory base is
-  // aligned up to the swizzle atom inside the kernel.
+  // D = 96 and 128: 3 at 128 keys, 2 at 144-176; D = 192: 3 at 64 keys, 2 at 80-112; D = 256: 2).
+  // Two slots stall the consumers unless K and V are released apart (see above). The + 1024: the
+  // dynamic shared memory base is aligned up to the swizzle atom inside the kernel.
   static constexpr int kSmemLimit = 232448;
   static constexpr int kBarriersPerSlot = kSplitRelease ? 4 : 3;  // K full, V full, and one empty or K / V empty
   static constexpr int kStages =
