@@ -326,9 +326,9 @@ class AttentionBackwardPlan:
     (tiled_attn/cuda/attention_backward.py: sm_90a, D 64/128, not deterministic), else the Triton
     ones; "torch" the tiled PyTorch one (reference.blockwise_attention_backward). The Triton dQ is
     its own pass (bitwise-repeatable) or float32 atomics, by the config row; the wgmma dQ is float32
-    atomic adds (TMA reduce-adds); `deterministic` forces the Triton pass. `grad_dtype`: the gradients' dtype (None: the
-    inputs'); float32 for 16-bit inputs gives unrounded partials (the context-parallel ring sums
-    one per block: distributed._ring_backward)."""
+    atomic adds (TMA reduce-adds); `deterministic` forces the Triton pass. `grad_dtype`: the
+    gradients' dtype (None: the inputs'); float32 for 16-bit inputs gives unrounded partials (the
+    context-parallel ring sums one per block: distributed._ring_backward)."""
 
     __slots__ = ("backend", "scale", "causal", "offset", "empty", "run", "layouts", "mods", "fast", "fast_tries")
 

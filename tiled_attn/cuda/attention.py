@@ -182,6 +182,8 @@ SM90_WS_HEAD_DIMS = (64, 96, 128, 192, 256)
 def sm90_head_dims(kernel: str) -> tuple[int, ...]:
     """The head dims an sm90 kernel ("wgmma" or "wgmma_ws") instantiates."""
     return SM90_WS_HEAD_DIMS if kernel == "wgmma_ws" else SM90_HEAD_DIMS
+
+
 _forced: list = [None]  # forced_kernel's value (a list: no `global` statement)
 
 

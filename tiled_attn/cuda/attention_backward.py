@@ -5,9 +5,10 @@ backward wherever `selected` says so: `plan_backward` returns the launches for a
 covers, or None, and the Triton backward runs instead. Covered:
 compute capability 9.0 with the extension's sm90 kernels built, head dims BWD_HEAD_DIMS in fp16/bf16,
 Nq and Nk >= 1, no window / softcap / ALiBi / key mask / varlen, deterministic=False (dQ is added
-by float32 TMA reduce-adds, atomic at L2, whose order varies between runs), every operand's strides on TMA's 16-byte
-rule (a base address off it: that operand is copied for the call), and a configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its
-"block_m": the kernel's query rows per step).
+by float32 TMA reduce-adds, atomic at L2, whose order varies between runs), every operand's strides
+on TMA's 16-byte rule (a base address off it: that operand is copied for the call), and a
+configs.CUDA_ATTENTION_BACKWARD row for the device's arch and the head dim (its "block_m": the
+kernel's query rows per step).
 
 One call: delta = rowsum(dO·O) (the Triton delta kernel, which also folds in lse's gradient and zeroes
 the float32 (B·Hq, Nq, D) dQ accumulator), the wgmma kernel (dK and dV written, dQ accumulated), then

@@ -40,11 +40,11 @@ cudaError_t run_bwd_tile(const BwdParams& params, const BwdOperands& a, cudaStre
     return cudaErrorInvalidValue;
   }
   // dq_accum: (B·Hq, Nq, D) contiguous float32.
-  const uint64_t dq_row = uint64_t{kHeadDim} * 4, dq_head = dq_row * static_cast<uint64_t>(params.seqlen_q);
-  const uint64_t dq_dims[4] = {kHeadDim, static_cast<uint64_t>(params.seqlen_q), static_cast<uint64_t>(params.heads_q),
-                               static_cast<uint64_t>(a.batch)};
-  const uint64_t dq_strides[3] = {dq_row, dq_head, dq_head * static_cast<uint64_t>(params.heads_q)};
-  if (!encode_tile_map(&maps.dq, params.dq_accum, dq_dims, dq_strides, 64, 4)) return cudaErrorInvalidValue;
+  const int64_t dq_head = int64_t{params.seqlen_q} * kHeadDim;
+  if (!encode_operand(&maps.dq, params.dq_accum, a.batch, params.heads_q, params.seqlen_q, kHeadDim,
+                      dq_head * params.heads_q, dq_head, kHeadDim, 64, 4)) {
+    return cudaErrorInvalidValue;
+  }
   return launch_bwd_kernel<Tr, T>(params, maps, a.batch * params.heads_kv, stream);  // virtual heads
 }
 

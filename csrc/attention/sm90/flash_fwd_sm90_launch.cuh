@@ -70,19 +70,20 @@ inline bool encode_tile_map(CUtensorMap* map, const void* base, const uint64_t (
 }
 #endif
 
-// The map of one (B, H, N, D) operand (element strides batch / head / seq, D contiguous). A stride of a
-// dimension of size 1 is never used; it is replaced by the packed one so the map's rule (multiples of
-// 16 bytes) holds for any view.
+// The map of one (B, H, N, D) operand (element strides batch / head / seq, D contiguous) of 16-bit
+// elements, or (elem_bytes 4) float32. A stride of a dimension of size 1 is never used; it is replaced
+// by the packed one so the map's rule (multiples of 16 bytes) holds for any view.
 inline bool encode_operand(CUtensorMap* map, const void* base, int64_t batch, int64_t heads, int64_t rows,
-                           int64_t d, int64_t s_batch, int64_t s_head, int64_t s_seq, uint32_t box_rows) {
+                           int64_t d, int64_t s_batch, int64_t s_head, int64_t s_seq, uint32_t box_rows,
+                           uint32_t elem_bytes = 2) {
   const int64_t seq = rows > 1 ? s_seq : d;
   const int64_t head = heads > 1 ? s_head : seq * rows;
   const int64_t bat = batch > 1 ? s_batch : head * heads;
   const uint64_t dims[4] = {static_cast<uint64_t>(d), static_cast<uint64_t>(rows), static_cast<uint64_t>(heads),
                             static_cast<uint64_t>(batch)};
-  const uint64_t strides[3] = {static_cast<uint64_t>(seq) * 2, static_cast<uint64_t>(head) * 2,
-                               static_cast<uint64_t>(bat) * 2};
-  return encode_tile_map(map, base, dims, strides, box_rows);
+  const uint64_t strides[3] = {static_cast<uint64_t>(seq) * elem_bytes, static_cast<uint64_t>(head) * elem_bytes,
+                               static_cast<uint64_t>(bat) * elem_bytes};
+  return encode_tile_map(map, base, dims, strides, box_rows, elem_bytes);
 }
 
 template <class Tr, typename T>
@@ -106,17 +107,17 @@ template <class Tr, typename T>
 cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stream) {
   const int64_t batch = batch_heads / params.heads_q, heads_kv = params.heads_q / params.group;
   constexpr int kD = Tr::kHeadDim;
-  const bool keys = params.seqlen_k > 0;
-  const int64_t rows_kv = keys ? params.seqlen_k : 1;
+  auto kv_map = [&](CUtensorMap* map, const void* base, int64_t s_batch, int64_t s_head, int64_t s_seq) {
+    if (params.seqlen_k == 0)
+      return encode_operand(map, params.q, batch, heads_kv, 1, kD, params.q_batch, params.q_head, params.q_seq,
+                            Tr::kBlockN);
+    return encode_operand(map, base, batch, heads_kv, params.seqlen_k, kD, s_batch, s_head, s_seq, Tr::kBlockN);
+  };
   TmaMaps maps;
   if (!encode_operand(&maps.q, params.q, batch, params.heads_q, params.seqlen_q, kD, params.q_batch, params.q_head,
                       params.q_seq, Tr::kBlockM) ||
-      !encode_operand(&maps.k, keys ? params.k : params.q, batch, heads_kv, rows_kv, kD,
-                      keys ? params.k_batch : params.q_batch, keys ? params.k_head : params.q_head,
-                      keys ? params.k_seq : params.q_seq, Tr::kBlockN) ||
-      !encode_operand(&maps.v, keys ? params.v : params.q, batch, heads_kv, rows_kv, kD,
-                      keys ? params.v_batch : params.q_batch, keys ? params.v_head : params.q_head,
-                      keys ? params.v_seq : params.q_seq, Tr::kBlockN)) {
+      !kv_map(&maps.k, params.k, params.k_batch, params.k_head, params.k_seq) ||
+      !kv_map(&maps.v, params.v, params.v_batch, params.v_head, params.v_seq)) {
     return cudaErrorInvalidValue;
   }
   return launch_ws_kernel<Tr, T>(params, maps, batch_heads, stream);
