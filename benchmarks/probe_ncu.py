@@ -22,6 +22,8 @@ Targets:
   fwd-d128-wgmma / fwd-d128-wgmma_ws / fwd-d128-triton: the attention forward at bf16, B = 4,
       H = 16, N = 8192, D = 128, not causal (the attention suite's point where cuDNN leads by
       ~1.2x): the cp.async and warp-specialized wgmma kernels forced, and the Triton default.
+  fwd-d128-n512-wgmma_ws / fwd-d128-n512-cudnn: the same at B = 64, N = 512 (session 28: the
+      persistent wgmma_ws at 0.81x cuDNN in kernel time there), ours and SDPA's cuDNN kernel.
 """
 from __future__ import annotations
 
@@ -57,15 +59,19 @@ def _targets(dev: torch.device) -> dict:
             return torch.autograd.grad(out, qkv, dout, retain_graph=True)
         return run
 
-    def forward(kernel):
+    def forward(kernel, b=4, n=8192):
         state = []
 
         def run():
             if not state:
-                state.extend(torch.randn(4, 16, 8192, 128, device=dev, dtype=torch.bfloat16, generator=g)
+                state.extend(torch.randn(b, 16, n, 128, device=dev, dtype=torch.bfloat16, generator=g)
                              for _ in range(3))
             if kernel == "triton":
                 return ta.attention(*state, backend="triton")
+            if kernel == "cudnn":
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return torch.nn.functional.scaled_dot_product_attention(*state)
             from tiled_attn.cuda import attention as cuda_attention
             with cuda_attention.forced_kernel(kernel):
                 return ta.attention(*state, backend="cuda")
@@ -75,6 +81,8 @@ def _targets(dev: torch.device) -> dict:
         "fwd-d128-wgmma": forward("wgmma"),
         "fwd-d128-wgmma_ws": forward("wgmma_ws"),
         "fwd-d128-triton": forward("triton"),
+        "fwd-d128-n512-wgmma_ws": forward("wgmma_ws", 64, 512),
+        "fwd-d128-n512-cudnn": forward("cudnn", 64, 512),
         "backward-d64": backward(64),
         "backward-d128": backward(128),
         "backward-d64-wgmma": backward(64, "cuda"),

@@ -61,6 +61,8 @@ LSE_TOL = 1e-3
 FLAGS = {1: "kQRegs", 2: "kFold", 4: "kLean", 8: "kJoint", 16: "kSkew", 32: "kLazy"}
 WS = 1 << 16  # a row of the sm90 warp-specialized kernel (sweep_flags::kWs), built on sm_90 only
 WS_SPLIT = 1 << 17  # with WS: K and V released apart (sweep_flags::kWsSplit, WsTraits::kSplitRelease)
+WS_SINGLE = 1 << 18  # with WS: one CTA per query tile, not the persistent grid (sweep_flags::kWsSingle)
+WS_DYNAMIC = 1 << 19  # with WS: the persistent grid fed by a tile counter (sweep_flags::kWsDynamic)
 CONFIG_FLAGS = {1: "q_in_regs", 2: "fold", 4: "lean", 8: "joint", 16: "skew", 32: "lazy"}
 
 SWEEP_DIR = ROOT / "csrc" / "attention" / "sweep"
@@ -200,8 +202,11 @@ def flag_names(flags: int, names=FLAGS) -> list[str]:
 
 def describe(v: dict) -> str:
     if v["flags"] & WS:
-        split = ", true" if v["flags"] & WS_SPLIT else ""
-        return f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}{split}> ({v['stages']} stages)"
+        split = "true" if v["flags"] & WS_SPLIT else "false"
+        persistent = "false" if v["flags"] & WS_SINGLE else "true"
+        dynamic = ", true" if v["flags"] & WS_DYNAMIC else ""
+        return (f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}, {split}, {persistent}{dynamic}> "
+                f"({v['stages']} stages)")
     fl = "|".join(flag_names(v["flags"])) or "0"
     mb = v.get("min_blocks")
     return f"Cfg<{v['block_m']}, {v['block_n']}, {v['warps']}, {v['stages']}, {fl}{'' if not mb or mb == 1 else f', {mb}'}>"

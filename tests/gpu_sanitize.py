@@ -246,6 +246,19 @@ def run_attention(res: Results, seed: int, only=None, head_dims=(64, 128)):
             assert_rule(out, ref_out, t_out, dtype=dtype, seed=seed, what=what + " out")
             assert_rule(lse, ref_lse, torch.logsumexp(s, -1), dtype=dtype, seed=seed,
                         what=what + " lse")
+    # The persistent wgmma_ws grid with more query tiles than SMs (each CTA walks several: the ring's and
+    # Q's barrier phases across tiles), and sections of a few pairs (16k keys).
+    if "wgmma_ws" in kernels:
+        from test_cuda_attention_kernel import _check_batches
+        for d, (nq, nk), causal in itertools.product(head_dims, ((1000, 1000), (300, 16000)), (False, True)):
+            if d not in cuda_attention.sm90_head_dims("wgmma_ws"):
+                continue
+            what = f"attention/wgmma_ws persistent 4x32/8 {nq}x{nk} D={d} causal={causal}"
+            with res.case("attention", what), cuda_attention.forced_kernel("wgmma_ws"):
+                q, k, v = (torch.randn((4 if nk < 4096 else 2, h, s, d), generator=gen).to(torch.bfloat16).cuda()
+                           for h, s in ((32, nq), (8, nk), (8, nk)))
+                out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+                _check_batches(out, lse, q, k, v, causal, nk - nq, 1 / math.sqrt(d), seed, what, (0, q.shape[0] - 1))
 
 
 def run_attention_backward(res: Results, seed: int, quick: bool, dtypes=None, backend: str = "triton",

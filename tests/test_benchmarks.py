@@ -891,3 +891,25 @@ def test_eager_rounds_interleave_providers_and_take_the_median():
     assert torch_["eager_rounds_ms"] == [1.0, 2.0, 3.0] and torch_["ms"] == 2.0
     assert ours["ratios"] == {"torch.softmax": 1.0}
     assert ours["value"] == pytest.approx(2 * 8 * 64 * 4 / 2e-3 / 1e9)
+
+
+def test_ws_schedule_model_backs_the_traits_comment():
+    """benchmarks/model_ws_schedule.py, the model csrc/attention/sm90/flash_fwd_sm90_ws_traits.cuh cites
+    for keeping long causal launches off the persistent grid: its order is WsSchedule::tile's (sections
+    of pairs, query tiles last to first), and its figures are the comment's."""
+    from benchmarks import model_ws_schedule as m
+    assert m.persistent_order(3, 5, 2) == [2, 2, 1, 1, 0, 0] * 2 + [2, 1, 0]
+    # Full launches: equal tiles, every dealing within one tile of even.
+    full = m.makespans(128, 8192, 64, False)
+    assert full["static"] == pytest.approx(full["one_cta_per_tile"], rel=1e-9)
+    # The suite's D = 192 causal 16k point (B·H = 20): 1.23x static, 1.00x with a counter (the model's
+    # D = 192 tile is the 64-key one; the 112-key tile the launch ran gives the same 1.23x).
+    r = m.makespans(192, 16384, 20, True)
+    assert r["section"] == 2 and r["static"] == pytest.approx(1.23, abs=0.01) and r["counter"] < 1.01
+    # Up to ws_causal_persistent_m_blocks (8) query tiles a head: within 1.07x of one CTA per tile.
+    for d in (64, 96, 128):
+        for n in (512, 1024):
+            for bh in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+                r = m.makespans(d, n, bh, True)
+                assert r["m_blocks"] <= 8 and r["static"] / r["one_cta_per_tile"] <= 1.07, (d, n, bh, r)
+    assert m.main([]) == 0

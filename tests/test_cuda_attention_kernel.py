@@ -108,7 +108,11 @@ def test_sweep_table_and_script_agree():
     assert int(re.search(r"constexpr unsigned kWs = 1u << (\d+);", text).group(1)) == sweep.WS.bit_length() - 1
     assert int(re.search(r"constexpr unsigned kWsSplit = 1u << (\d+);", text).group(1)) == sweep.WS_SPLIT.bit_length() - 1
     ws = [i for i, r in enumerate(rows) if re.search(r"\bkWs\b", r[5])]
-    assert all(re.search(r"\bkWs\b", r[5]) for r in rows if "kWsSplit" in r[5])  # a split row is a kWs row
+    assert int(re.search(r"constexpr unsigned kWsSingle = 1u << (\d+);", text).group(1)) == sweep.WS_SINGLE.bit_length() - 1
+    assert int(re.search(r"constexpr unsigned kWsDynamic = 1u << (\d+);", text).group(1)) == sweep.WS_DYNAMIC.bit_length() - 1
+    # a split, single or dynamic row is a kWs row; a dynamic one is persistent (not single)
+    assert all(re.search(r"\bkWs\b", r[5]) for r in rows if re.search(r"kWs(Split|Single|Dynamic)", r[5]))
+    assert not any("kWsDynamic" in r[5] and "kWsSingle" in r[5] for r in rows)
     assert ws and ws == sweep.ws_rows()
     for i in ws:
         d, bm, bn = (int(x) for x in rows[i][:3])

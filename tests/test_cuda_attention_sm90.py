@@ -176,7 +176,7 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
-    for kernel in ("cp.async", "ws", "ws_split"):  # every kernel of the head dim ran its cases
+    for kernel in ("cp.async", "ws", "ws_split", "ws_other"):  # every kernel of the head dim ran its cases
         ran = out.count(f"\nok   {kernel} ")
         if kernel == "cp.async" and head_dim not in cuda_attention.SM90_HEAD_DIMS:
             assert ran == 0, out[-3000:]
@@ -193,7 +193,9 @@ def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_di
     Before the lag schedule, the three-consumer case of this bug passed (warpgroups kept in step)."""
     seed = str(fresh_seed())
     base = {**os.environ, "TILED_ATTN_EMU_LAG": "2"}
-    for kernel in ("ws", "ws_split"):  # ws_split: its K and V releases both counted short
+    # ws_split: its K and V releases both counted short; ws_other: the tile on its other grid (the
+    # persistent one's Q release counted short too, at D <= 128 in ws / ws_split, at 192 / 256 here).
+    for kernel in ("ws", "ws_split", "ws_other"):
         ran = {}
         for mutate in ("", "short_count"):
             env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}
@@ -306,6 +308,26 @@ def test_wgmma_ws_long_keys_and_many_heads(d, seed):
             out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
         _check(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed,
                f"wgmma_ws long keys D={d} causal={causal}")
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("d", cuda_attention.SM90_WS_HEAD_DIMS)
+def test_wgmma_ws_persistent_walk(d, seed):
+    """The persistent grid (WsTraits::kPersistent): far more query tiles than SMs, so each CTA walks
+    several, the K / V ring and Q's full / empty phases running on across them; ragged last tiles; GQA
+    4:1; the schedule's sections of one to all pairs (short keys: every pair in one section; 16k keys:
+    a few pairs per section at D >= 128, against the L2's size). Causal and not, every batch entry
+    checked on the short keys, two on the long ones."""
+    from test_cuda_attention_kernel import _check_batches
+    gen = torch.Generator().manual_seed(seed)
+    for b, nq, nk, batches in ((4, 1000, 1000, range(4)), (2, 300, 16000, (0, 1))):
+        q, k, v = _qkv(b, 32, 8, nq, nk, d, torch.bfloat16, "cuda", gen)
+        for causal in (False, True):
+            with cuda_attention.forced_kernel("wgmma_ws"):
+                out, lse = ta.attention(q, k, v, causal=causal, return_lse=True, backend="cuda")
+            _check_batches(out, lse, q, k, v, causal, nk - nq, 1.0 / math.sqrt(d), seed,
+                           f"wgmma_ws persistent B={b} Nq={nq} Nk={nk} D={d} causal={causal}", batches)
 
 
 def _kernel_names(fn) -> list[str]:

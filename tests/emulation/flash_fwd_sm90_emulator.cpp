@@ -18,8 +18,11 @@
 //   g++ -std=c++17 -O1 -Wno-attributes -I<cuda>/include -Icsrc -DTILED_ATTN_EMULATION
 //       tests/emulation/flash_fwd_sm90_emulator.cpp -o /tmp/flash_fwd_sm90_emulator && /tmp/flash_fwd_sm90_emulator
 // Optional arguments: a head dim (0: all; 96 and 192 run the ws kernels only), a seed (inputs, thread
-// schedule, shared-memory base, which warpgroup lags: emu_common.h g_lag_lo), "cp.async", "ws" or "ws_split" (one kernel; ws_split: the
-// ws tile with K and V released apart, WsTraits::kSplitRelease). Environment, for the
+// schedule, shared-memory base, which warpgroup lags: emu_common.h g_lag_lo; the persistent grid's CTA
+// count and sections), "cp.async", "ws", "ws_split", "ws_other" or "ws_dynamic" (one kernel; ws_split:
+// the ws tile with K and V released apart, WsTraits::kSplitRelease; ws_other: the ws tile on the other
+// grid, WsTraits::kPersistent flipped; ws_dynamic: on the persistent grid fed by a tile counter,
+// WsTraits::kDynamic). Environment, for the
 // emulator's own test: TILED_ATTN_EMU_LAG=W (warpgroup W lags in every case), TILED_ATTN_EMU_MUTATE=
 // short_count (barriers counting several warpgroups count one fewer: a bug the emulator must catch).
 #define EMU_KERNEL_NAMESPACE flash_fwd_sm90
@@ -37,17 +40,41 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
                               [](const Params& p) { flash_fwd_sm90_kernel<Tr, T>(p); });
 }
 // The warp-specialized kernel of the entry's tile, or (g_ws_split) the same tile with K and V released
-// apart (WsTraits::kSplitRelease, the sweep's kWsSplit rows): the TMA maps' boxes are the same.
-bool g_ws_split = false;
+// apart (WsTraits::kSplitRelease, the sweep's kWsSplit rows), or (g_ws_other) on the other grid
+// (WsTraits::kPersistent flipped: one CTA per query tile where the tile is persistent, and the other
+// way round): the TMA maps' boxes are the same. The persistent grid has g_sms CTAs (at most one per
+// tile) and its sections come from an L2 of g_l2 bytes: both drawn per case, so CTAs walk one to all
+// of the tiles and sections hold one to all pairs.
+bool g_ws_split = false, g_ws_other = false, g_ws_dynamic = false;
+int g_sms = 1;
+int64_t g_l2 = 0;
 template <class Tr, typename T>
 cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t) {
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
   auto run = [&](auto traits) {
     using R = decltype(traits);
-    return emu::launch_grid<R>(params, batch_heads, kMaxGridY, m_blocks, 1,
-                               [&maps](const Params& p) { flash_fwd_sm90_ws_kernel<R, T>(p, maps); });
+    if constexpr (R::kPersistent) {
+      WsSchedule sched =
+          ws_schedule(m_blocks, batch_heads, params.group, int64_t{params.seqlen_k} * R::kHeadDim * 4, g_l2);
+      if (sched.tiles == 0) return cudaSuccess;
+      params.bh_offset = 0;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sched.tiles, g_sms));
+      // kDynamic: the counter zeroed and the picks poisoned, as the launcher's fresh allocation leaves
+      // them.
+      std::vector<int> counter(1 + grid, 0x7f7f7f7f);
+      counter[0] = 0;
+      if constexpr (R::kDynamic) sched.counter = counter.data();
+      return emu::launch_grid<R>(params, 1, 1, grid, 1,
+                                 [&](const Params& p) { flash_fwd_sm90_ws_kernel<R, T>(p, maps, sched); });
+    } else {
+      return emu::launch_grid<R>(params, batch_heads, kMaxGridY, m_blocks, 1,
+                                 [&](const Params& p) { flash_fwd_sm90_ws_kernel<R, T>(p, maps, WsSchedule{}); });
+    }
   };
-  return g_ws_split ? run(WsTraits<Tr::kHeadDim, Tr::kBlockN, Tr::kConsumers, true>{}) : run(Tr{});
+  constexpr int kD = Tr::kHeadDim, kN = Tr::kBlockN, kC = Tr::kConsumers;
+  if (g_ws_other) return run(WsTraits<kD, kN, kC, Tr::kSplitRelease, !Tr::kPersistent>{});
+  if (g_ws_dynamic) return run(WsTraits<kD, kN, kC, Tr::kSplitRelease, true, true>{});
+  return g_ws_split ? run(WsTraits<kD, kN, kC, true, Tr::kPersistent>{}) : run(Tr{});
 }
 }  // namespace flash_fwd_sm90
 }  // namespace tiled_attn
@@ -63,24 +90,30 @@ using emu_cases::Case;
 
 // The run of a case: attention_fwd_sm90 (ws: attention_fwd_sm90_ws, the warp-specialized kernel) with
 // the dynamic shared memory at a random base.
-emu_cases::CaseRun case_run(const Case& c, bool ws, bool split = false) {
+emu_cases::CaseRun case_run(const Case& c, bool ws, bool split = false, bool other = false, bool dynamic = false) {
   emu_cases::CaseRun run;
   run.entry = ws ? "attention_fwd_sm90_ws" : "attention_fwd_sm90";
-  run.tag = split ? "ws_split" : ws ? "ws" : "cp.async";
+  run.tag = dynamic ? "ws_dynamic" : other ? "ws_other" : split ? "ws_split" : ws ? "ws" : "cp.async";
   run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
   // One warpgroup in two cases lags the others (emu_common.h g_lag_lo): the producer or a consumer
   // (TILED_ATTN_EMU_LAG=W: warpgroup W in every case, -1 none).
-  run.prepare = [split](std::mt19937& rng) {
+  run.prepare = [split, other, dynamic](std::mt19937& rng) {
     tiled_attn::flash_fwd_sm90::g_ws_split = split;
+    tiled_attn::flash_fwd_sm90::g_ws_other = other;
+    tiled_attn::flash_fwd_sm90::g_ws_dynamic = dynamic;
+    tiled_attn::flash_fwd_sm90::g_sms = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int64_t l2s[3] = {0, int64_t{1} << 20, int64_t{1} << 30};  // sections of one, a few, all pairs
+    tiled_attn::flash_fwd_sm90::g_l2 = l2s[std::uniform_int_distribution<int>(0, 2)(rng)];
     emu::g_base = static_cast<uint32_t>(std::uniform_int_distribution<int>(0, 63)(rng)) * 16;
     int lag = std::uniform_int_distribution<int>(-4, 3)(rng);  // < 0: none
     if (const char* forced = std::getenv("TILED_ATTN_EMU_LAG")) lag = std::atoi(forced);  // the test's choice
     emu::g_lag_lo = lag < 0 ? 0 : 128 * lag;
     emu::g_lag_hi = lag < 0 ? 0 : 128 * lag + 128;
-    char s[48];
-    std::snprintf(s, sizeof s, "smem_base=%4u lag=%s", emu::g_base,
-                  lag < 0 ? "none" : std::to_string(lag).c_str());
+    char s[96];
+    std::snprintf(s, sizeof s, "smem_base=%4u lag=%s sms=%d l2=%lld", emu::g_base,
+                  lag < 0 ? "none" : std::to_string(lag).c_str(), tiled_attn::flash_fwd_sm90::g_sms,
+                  static_cast<long long>(tiled_attn::flash_fwd_sm90::g_l2));
     return std::string(s);
   };
   run.launch = [&c, ws](tiled_attn::AttnDtype dtype, const void* q, const void* k, const void* v, void* out,
@@ -123,16 +156,18 @@ int main(int argc, char** argv) {
     cases.push_back({1, 2, 1, 5, 0, d, false, 0, !bf});               // no keys at all
     cases.push_back({1, 1, 1, 400, 352, d, false, 0, bf});            // whole 176-key tiles, three 192-row tiles
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
+    if (d == 192) cases.push_back({1, 2, 1, 70, 2100, d, true, 2100 - 70, !bf});  // the long key tile (ws_long_keys)
   }
-  // Optional third argument: "ws", "ws_split" or "cp.async" runs that kernel only (default: all three).
+  // Optional third argument: "ws", "ws_split", "ws_other", "ws_dynamic" or "cp.async" runs that kernel
+  // only (default: all five).
   const std::string only = argc > 3 ? argv[3] : "";
   for (const Case& c : cases) {
-    for (const char* kernel : {"cp.async", "ws", "ws_split"}) {
+    for (const char* kernel : {"cp.async", "ws", "ws_split", "ws_other", "ws_dynamic"}) {
       if (!only.empty() && only != kernel) continue;
       const std::string k = kernel;
       // The cp.async kernel has fewer head dims than the warp-specialized one (flash_fwd_sm90.cu).
       if (k == "cp.async" && !tiled_attn::Sm90HeadDims::contains(c.d)) continue;
-      emu_cases::run_counted(c, rng, case_run(c, k != "cp.async", k == "ws_split"), failed, ran);
+      emu_cases::run_counted(c, rng, case_run(c, k != "cp.async", k == "ws_split", k == "ws_other", k == "ws_dynamic"), failed, ran);
     }
   }
   std::printf("%d of %d cases failed\n", failed, ran);

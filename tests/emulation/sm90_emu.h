@@ -643,6 +643,14 @@ void named_barrier_sync(int id, int threads) {
 
 // The kernels' PTX wrappers (csrc/attention/sm90/wgmma.cuh and tma.cuh, not compiled under
 // TILED_ATTN_EMULATION) that emu_common.h has not defined.
+// atomicAdd (global int): the persistent forward's tile counter (WsTraits::kDynamic). The CTAs run one
+// after another here, so a read-modify-write is atomic as it stands.
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+
 namespace tiled_attn {
 namespace flash_fwd_sm90 {
 inline void fence_proxy_async() { emu::proxy_fence(); }

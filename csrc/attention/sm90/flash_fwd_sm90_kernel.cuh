@@ -168,9 +168,11 @@ struct CtaTile {
   int n_tiles;       // key tiles the tile's last row sees
   int unmasked_end;  // keys below it are visible from every row of the tile (its first row's limit)
 
-  __device__ __forceinline__ explicit CtaTile(const Params& p) {
-    const int m_block = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-    bh = p.bh_offset + static_cast<int>(blockIdx.y);
+  __device__ __forceinline__ explicit CtaTile(const Params& p)
+      : CtaTile(p, static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)) {}
+  // Query tile m_block of pair p.bh_offset + slot (the persistent ws kernel's scheduler picks both).
+  __device__ __forceinline__ CtaTile(const Params& p, int m_block, int slot) {
+    bh = p.bh_offset + slot;
     batch = bh / p.heads_q;
     head = bh - batch * p.heads_q;
     head_kv = head / p.group;
@@ -260,6 +262,30 @@ __device__ __forceinline__ void stage_output(const float (&acc)[Tr::kORegs], Att
                     pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l));
     }
     if (t == 0 && r < rows_q) lse_row[r] = lse;
+  }
+}
+
+// The whole epilogue without shared memory (the persistent ws kernel's: its Q tile may hold the next
+// tile's Q by then): this thread's two rows of O / l straight into gO (the tile's first row; rows
+// below rows_q), two adjacent columns a 4-byte store (a warp's store: 8 rows x 16 bytes), and lse.
+template <class Tr, typename T>
+__device__ __forceinline__ void store_output(const float (&acc)[Tr::kORegs], AttnRowState (&rs)[2], T* gO,
+                                             int64_t o_seq, int row0, int t, int rows_q, float* lse_row) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);  // l was this thread's columns only
+    float lse;
+    const float inv_l = rs[hh].finalize(lse);   // 0 for a row with no visible key: output 0
+    const int r = row0 + 8 * hh;
+    if (r < rows_q) {
+      T* const o = gO + int64_t{r} * o_seq + 2 * t;
+#pragma unroll
+      for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(o + 8 * j) =
+            pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l);
+      }
+      if (t == 0) lse_row[r] = lse;
+    }
   }
 }
 

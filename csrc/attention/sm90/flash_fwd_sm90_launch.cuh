@@ -8,6 +8,10 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #endif
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
 #include "../launch_common.cuh"
 #include "flash_fwd_sm90_kernel.cuh"
 #include "flash_fwd_sm90_ws_kernel.cuh"
@@ -86,6 +90,45 @@ inline bool encode_operand(CUtensorMap* map, const void* base, int64_t batch, in
   return encode_tile_map(map, base, dims, strides, box_rows, elem_bytes);
 }
 
+// The persistent kernel's schedule (WsSchedule) over the m_blocks x slots query tiles: sections of
+// as many (batch, head) pairs as have K and V (kv_bytes each, shared by a GQA group) in half of
+// l2_bytes, at least one.
+inline WsSchedule ws_schedule(int64_t m_blocks, int64_t slots, int group, int64_t kv_bytes, int64_t l2_bytes) {
+  WsSchedule s;
+  s.counter = nullptr;
+  s.m_blocks = static_cast<int>(m_blocks);
+  s.slots = static_cast<int>(slots);
+  s.tiles = m_blocks * slots;
+  const int64_t kv_heads = std::max<int64_t>(1, l2_bytes / 2 / std::max<int64_t>(1, kv_bytes));
+  s.section = static_cast<int>(std::min<int64_t>(slots, kv_heads * group));
+  return s;
+}
+
+#ifndef TILED_ATTN_EMULATION
+// The current device's SM count and L2 size, read once per device (the persistent grid's size and the
+// schedule's sections).
+inline void device_sms_l2(int& sms, int64_t& l2_bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sm_cache[kMaxDevices], l2_cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) dev = -1;
+  sms = dev >= 0 ? sm_cache[dev].load(std::memory_order_relaxed) : 0;
+  int l2 = dev >= 0 ? l2_cache[dev].load(std::memory_order_relaxed) : 0;
+  if (sms <= 0 || l2 <= 0) {
+    const int d = dev >= 0 ? dev : 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess || sms <= 0) sms = 132;
+    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, d) != cudaSuccess || l2 <= 0) l2 = 50 << 20;
+    if (dev >= 0) {
+      sm_cache[dev].store(sms, std::memory_order_relaxed);
+      l2_cache[dev].store(l2, std::memory_order_relaxed);
+    }
+  }
+  l2_bytes = l2;
+}
+#endif
+
+// One CTA per query tile (grid (m_blocks, pairs), sliced like every attention forward), or (persistent)
+// one per SM, at most one per tile, each walking the schedule's tiles.
 template <class Tr, typename T>
 cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads, cudaStream_t stream)
 #ifdef TILED_ATTN_EMULATION
@@ -93,8 +136,41 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
 #else
 {
   const unsigned m_blocks = static_cast<unsigned>((params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
-  return flash_fwd::launch_sliced(flash_fwd_sm90_ws_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, m_blocks,
-                                  batch_heads, 1, params, stream, maps);
+  if constexpr (Tr::kPersistent) {
+    int sms;
+    int64_t l2_bytes;
+    device_sms_l2(sms, l2_bytes);
+    const WsSchedule sched = ws_schedule(m_blocks, batch_heads, params.group,
+                                         int64_t{params.seqlen_k} * Tr::kHeadDim * 2 * 2, l2_bytes);
+    if (sched.tiles == 0) return cudaSuccess;
+    const auto kernel = flash_fwd_sm90_ws_kernel<Tr, T>;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    params.bh_offset = 0;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sched.tiles, sms));
+    if constexpr (Tr::kDynamic) {
+      // The tile counter and the CTAs' picks (WsSchedule::counter): stream-ordered, so a CUDA graph
+      // captures them as nodes and concurrent launches on other streams get their own. Tile indices
+      // pass as int.
+      if (sched.tiles > INT32_MAX) return cudaErrorInvalidValue;
+      WsSchedule fed = sched;
+      cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&fed.counter), (1 + grid) * sizeof(int), stream);
+      if (e != cudaSuccess) return e;
+      e = cudaMemsetAsync(fed.counter, 0, sizeof(int), stream);
+      if (e == cudaSuccess) {
+        kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps, fed);
+        e = cudaGetLastError();
+      }
+      const cudaError_t freed = cudaFreeAsync(fed.counter, stream);
+      return e != cudaSuccess ? e : freed;
+    } else {
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, maps, sched);
+      return cudaGetLastError();
+    }
+  } else {
+    return flash_fwd::launch_sliced(flash_fwd_sm90_ws_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, m_blocks,
+                                    batch_heads, 1, params, stream, maps, WsSchedule{});
+  }
 }
 #endif
 
@@ -125,10 +201,28 @@ cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stre
 
 // The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
 // alignment of every base and stride, which is also TMA's rule), the tile by head dim (ws_consumers,
-// ws_block_n).
+// ws_block_n, ws_split_release; from ws_long_keys keys on ws_long_block_n where the head dim has one),
+// on the persistent grid where ws_persistent (and the long tile) says so, for causal launches only up
+// to ws_causal_persistent_m_blocks query tiles a head (ws_persistent: why), one CTA per tile otherwise.
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
-  return run_ws_tile<WsTraits<kHeadDim, ws_block_n<kHeadDim>()>, T>(params, batch_heads, stream);
+  constexpr int kC = ws_consumers<kHeadDim>();
+  constexpr bool kSplit = ws_split_release<kHeadDim>();
+  auto persistent = [&](int block_m) {
+    return !params.causal || (int64_t{params.seqlen_q} + block_m - 1) / block_m <= ws_causal_persistent_m_blocks();
+  };
+  if constexpr (ws_long_block_n<kHeadDim>() > 0) {
+    using Long = WsTraits<kHeadDim, ws_long_block_n<kHeadDim>(), kC, true, true>;
+    if (params.seqlen_k >= ws_long_keys<kHeadDim>()) {
+      if (persistent(Long::kBlockM)) return run_ws_tile<Long, T>(params, batch_heads, stream);
+      return run_ws_tile<WsTraits<kHeadDim, Long::kBlockN, kC, true, false>, T>(params, batch_heads, stream);
+    }
+  }
+  using Persistent = WsTraits<kHeadDim, ws_block_n<kHeadDim>(), kC, kSplit, true>;
+  if constexpr (ws_persistent<kHeadDim>()) {
+    if (persistent(Persistent::kBlockM)) return run_ws_tile<Persistent, T>(params, batch_heads, stream);
+  }
+  return run_ws_tile<WsTraits<kHeadDim, Persistent::kBlockN, kC, kSplit, false>, T>(params, batch_heads, stream);
 }
 
 }  // namespace flash_fwd_sm90

@@ -36,10 +36,52 @@ template <int kHeadDim>
 constexpr int ws_block_n() {
   return kHeadDim == 64 ? 112 : kHeadDim <= 128 ? 128 : 64;
 }
+// A longer key tile from ws_long_keys keys on (0: none): D = 192's 112 keys (two slots, K and V
+// released apart; FA3's tile, on the persistent grid) measured +3-10% over 64 at N >= 2048 and -5-11%
+// at N = 512 (above); persistent, +11-16% over the one-CTA 64-key tile at N >= 2048 (causal +7-11%), -7%
+// at N = 512.
+template <int kHeadDim>
+constexpr int ws_long_block_n() {
+  return kHeadDim == 192 ? 112 : 0;
+}
+template <int kHeadDim>
+constexpr int ws_long_keys() {
+  return 2048;
+}
 template <int kHeadDim>
 constexpr bool ws_split_release() {
   return kHeadDim >= 192;
 }
+
+// Persistent (FA3's tile scheduler): one CTA per SM walks query tiles in turn instead of one CTA per
+// tile. The producer loads the next tile's Q as soon as the consumers' last Q Kᵀ of a tile has landed
+// and its first K / V slots as the ring frees them, so a tile's start (Q and K latency) and end (the
+// last P V, the output stores) overlap its neighbours': what one CTA per tile, one per SM (their shared
+// memory), leaves exposed, a large share of the time at N = 512-2048 where a CTA has 4-16 key tiles.
+// Measured against one CTA per tile (H200, kernel time, sweep rows 44-49 against 24 / 34 / 26 / 39 /
+// 42 / 33, benchmarks/results/sweeps/2026-11-29-h200-s28-ws-persistent.md):
+//   D = 64 +8-22%, D = 96 +6-20%, D = 128 +2-20% (the most at N = 512, causal): on.
+//   D = 192, 64 keys: -2-+1%; 112 keys (ws_long_block_n, N >= 2048): +3-4%: on for the 112-key
+//     tile only (the one-CTA one, the tested path, kept where it makes no difference).
+//   D = 256: 5-11% slower: off. Not profiled; the one difference that grows with D is the epilogue
+//     (4-byte stores straight from the accumulators, 128 a thread at D = 256, where one CTA per tile
+//     stages O in shared memory for 16-byte stores).
+// Causal launches take it only up to ws_causal_persistent_m_blocks query tiles per head. The tiles are
+// dealt to the CTAs in turn (a static schedule: tile i to CTA i mod grid), which balances tiles of
+// equal length but not causal ones, the worse the longer their sawtooth: the attention suite's D = 192
+// causal N = 16k point fell from 644 to 554 TFLOP/s on it, and benchmarks/model_ws_schedule.py (each
+// tile its key tiles + 0.5) puts that launch's longest CTA at 1.23x the mean, where a global tile
+// counter (FA3's dynamic scheduler; WsTraits::kDynamic, measured slower: see there) gives 1.00x.
+// Against one CTA per tile (the hardware's dynamic dealing) the model's worst case over B·H =
+// 1..1024 is 1.02-1.07x at up to 8 query tiles a head (N <= 1024 at 128 rows), where the persistent
+// grid measured +14-22% (causal N = 512 and 1024); at N = 2048 up to 1.18x (D = 64) against +1-11%.
+// (At the sweep's shapes, B·H = 32-128, D = 128 causal N = 2048-16384 measured +3-8% dealt in turn:
+// the model's bad cases are small B·H; a rule from the model per launch is the next step.)
+template <int kHeadDim>
+constexpr bool ws_persistent() {
+  return kHeadDim <= 128;
+}
+constexpr int ws_causal_persistent_m_blocks() { return 8; }
 
 // kSplitRelease: K and V slots released apart (FA3's order). A consumer frees K_i as soon as S_i = Q K_iᵀ
 // has landed (before its softmax) and V_i once P_i V_i has; the producer loads K_{i+1} before V_i. The
@@ -47,12 +89,20 @@ constexpr bool ws_split_release() {
 // ahead: what the two-slot tiles lack (D = 256: +34-65%, above). The default per head dim:
 // ws_split_release.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>(),
-          bool kSplitRelease_ = ws_split_release<kHeadDim_>()>
+          bool kSplitRelease_ = ws_split_release<kHeadDim_>(), bool kPersistent_ = false, bool kDynamic_ = false>
 struct WsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr bool kSplitRelease = kSplitRelease_;
+  static constexpr bool kPersistent = kPersistent_;
+  // The persistent grid fed by a tile counter (WsSchedule::counter) instead of dealing tiles in turn.
+  // Sweep rows only: correct (the sweep's checks, the emulator's ws_dynamic cases) but slower
+  // (benchmarks/results/sweeps/2026-11-29-h200-s28-ws-dynamic.md, H200, kernel time): D = 128 -5-12%
+  // against dealing in turn, causal too; D = 192 x 112 -9-10% full, and at causal 16k 646 TFLOP/s
+  // against 586 dealt in turn but 735 one CTA per tile. Its budgets below (40 / 232 registers) are one
+  // suspect: the 24-register producer spilled around the counter's atomic.
+  static constexpr bool kDynamic = kDynamic_;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;
@@ -77,22 +127,28 @@ struct WsTraits {
   static constexpr int kSmemLimit = 232448;
   static constexpr int kBarriersPerSlot = kSplitRelease ? 4 : 3;  // K full, V full, and one empty or K / V empty
   static constexpr int kStages =
-      std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * (1 + 4 * kBarriersPerSlot)) / (2 * kKVBytes));
-  static constexpr int kBarriers = 1 + kBarriersPerSlot * kStages;  // + Q full
+      std::min(4, (kSmemLimit - 1024 - kQBytes - 8 * (2 + 4 * kBarriersPerSlot)) / (2 * kKVBytes));
+  static constexpr int kBarriers = 2 + kBarriersPerSlot * kStages;  // + Q full, Q empty (persistent)
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + 1024;
   // Register budgets after setmaxnreg (FA3's): the CTA's 64 K registers, which __launch_bounds__(kThreads,
   // 1) spreads evenly at launch (168 or 128 a thread), move to the consumers: 24 x 128 + 240 x 256 or
   // 32 x 128 + 160 x 384. What a consumer holds: S kBlockN / 2, P kBlockN / 4 and O kTileD / 2
   // registers, live together while one tile's softmax overlaps the last one's P V, and ~40 more.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // kDynamic with two consumers: 40 x 128 + 232 x 256 (the counter's atomic spilled 28-84 bytes in a
+  // 24-register producer; 232 still holds D = 128 and D = 192 x 112 without spills, nvcc 13.0).
+  static constexpr int kProducerRegs = kConsumers == 2 ? (kDynamic ? 40 : 24) : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? (kDynamic ? 232 : 240) : 160;
 
   static_assert(kHeadDim % 16 == 0, "whole k steps of Q Kᵀ and 16-byte output chunks");
   static_assert(kConsumers == 2 || kConsumers == 3, "the register budgets above");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma's N (Q Kᵀ) and whole k steps (P V); a TMA box of <= 256 rows");
+  static_assert(kPersistent || !kDynamic, "the tile counter feeds the persistent grid");
   static_assert(kStages >= 2, "one slot loading while one is computed");
   static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
+  // setmaxnreg moves registers within the CTA's own allocation (launch: 64 K / kThreads, rounded down to
+  // 8, a thread), so the budgets must fit in it, not merely in the register file.
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+                "the CTA's register allocation");
 };
 
 }  // namespace flash_fwd_sm90

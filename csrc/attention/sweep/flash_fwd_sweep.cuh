@@ -34,6 +34,10 @@ constexpr unsigned kFL = kFold | kLean;  // the two instruction-count cuts, on t
 constexpr unsigned kWs = 1u << 16;
 // With kWs: K and V slots released apart (WsTraits::kSplitRelease).
 constexpr unsigned kWsSplit = 1u << 17;
+// With kWs: one CTA per query tile instead of the persistent grid (WsTraits::kPersistent off).
+constexpr unsigned kWsSingle = 1u << 18;
+// With kWs (not kWsSingle): the persistent grid fed by a tile counter (WsTraits::kDynamic).
+constexpr unsigned kWsDynamic = 1u << 19;
 }  // namespace sweep_flags
 
 // One row per line, each starting with `{<head dim>,` (benchmarks/sweep_cuda_attention.py counts
@@ -97,6 +101,18 @@ constexpr SweepVariant kSweep[] = {
     {192, 128, 112, 12, 2, F kWs | F kWsSplit, 1, "FA3's D = 192 tile (128 x 112), split"},
     // Session 27's first run (H200): the split +34-65% at D = 256 (two slots), +-3% at D = 96 / 192 with three.
     {64, 192, 112, 16, 4, F kWs | F kWsSplit, 1, "D = 64's tile, split (four slots: +-2% expected)"},
+    // Session 28: the persistent grid (WsTraits::kPersistent, every kWs row above since) against one CTA per query
+    // tile, each default tile (D = 192: both of its tiles).
+    {64, 192, 112, 16, 4, F kWs | F kWsSingle, 1, "D = 64's tile, one CTA per tile: the persistent grid predicted +10-25% at N = 512, +0-5% at N >= 8192"},
+    {96, 128, 128, 12, 3, F kWs | F kWsSingle, 1, "D = 96's tile, one CTA per tile"},
+    {128, 128, 128, 12, 3, F kWs | F kWsSingle, 1, "D = 128's tile, one CTA per tile"},
+    {192, 128, 64, 12, 3, F kWs | F kWsSplit | F kWsSingle, 1, "D = 192's short-key tile, one CTA per tile"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsSingle, 1, "D = 192's long-key tile (ws_long_block_n), one CTA per tile"},
+    {256, 128, 64, 12, 2, F kWs | F kWsSplit | F kWsSingle, 1, "D = 256's tile, one CTA per tile"},
+    // The counter-fed persistent grid (kWsDynamic) against the tiles dealt in turn, for causal launches (where dealing
+    // in turn unbalances the sawtooth: benchmarks/model_ws_schedule.py) and full ones (no change expected).
+    {128, 128, 128, 12, 3, F kWs | F kWsDynamic, 1, "D = 128 fed by a counter: causal N >= 2048 +3-20% over the tiles dealt in turn (the model: 1.03-1.49x makespan), full +-2%"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsDynamic, 1, "D = 192's long tile fed by a counter: causal 16k ~+20% over dealing in turn (the model: 1.23x -> 1.00x)"},
 #undef F
 };
 // clang-format on
@@ -111,7 +127,9 @@ constexpr bool kSweepWs = (kSweep[I].flags & sweep_flags::kWs) != 0;
 template <int I>
 using SweepTraits = std::conditional_t<kSweepWs<I>,
                                        flash_fwd_sm90::WsTraits<kSweep[I].head_dim, kSweep[I].block_n, kSweep[I].block_m / 64,
-                                                                (kSweep[I].flags & sweep_flags::kWsSplit) != 0>,
+                                                                (kSweep[I].flags & sweep_flags::kWsSplit) != 0,
+                                                                (kSweep[I].flags & sweep_flags::kWsSingle) == 0,
+                                                                (kSweep[I].flags & sweep_flags::kWsDynamic) != 0>,
                                        Traits<kSweep[I].head_dim, SweepCfg<I>>>;
 
 // The registry of the sweep build: sweep/flash_fwd_sweep.cu registers each variant it instantiates
