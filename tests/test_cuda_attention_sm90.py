@@ -176,7 +176,8 @@ def emulator(tmp_path_factory) -> pathlib.Path:
 def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
-    for kernel in ("cp.async", "ws", "ws_split", "ws_other"):  # every kernel of the head dim ran its cases
+    # every kernel of the head dim ran its cases
+    for kernel in ("cp.async", "ws", "ws_split", "ws_other", "ws_dynamic"):
         ran = out.count(f"\nok   {kernel} ")
         if kernel == "cp.async" and head_dim not in cuda_attention.SM90_HEAD_DIMS:
             assert ran == 0, out[-3000:]
@@ -194,8 +195,9 @@ def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_di
     seed = str(fresh_seed())
     base = {**os.environ, "TILED_ATTN_EMU_LAG": "2"}
     # ws_split: its K and V releases both counted short; ws_other: the tile on its other grid (the
-    # persistent one's Q release counted short too, at D <= 128 in ws / ws_split, at 192 / 256 here).
-    for kernel in ("ws", "ws_split", "ws_other"):
+    # persistent one's Q release counted short too, at D <= 128 in ws / ws_split, at 192 / 256 here);
+    # ws_dynamic: the counter-fed persistent grid.
+    for kernel in ("ws", "ws_split", "ws_other", "ws_dynamic"):
         ran = {}
         for mutate in ("", "short_count"):
             env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}

@@ -243,6 +243,13 @@ __device__ __forceinline__ void pv_product(float (&acc)[Tr::kORegs], const uint3
     Wgmma<Tr::kTileD, T>::template rs<1>(acc, pa[kk], desc_advance(desc_v, kk * 16 * 128), 1);
 }
 
+// A row's end: l summed over the quad (each thread held its own columns' share); returns 1 / l (0 for
+// a row with no visible key: output 0) and sets lse.
+__device__ __forceinline__ float finish_row(AttnRowState& rs, float& lse) {
+  rs.l = warp_allreduce_sum<4>(rs.l);
+  return rs.finalize(lse);
+}
+
 // The epilogue's first half: this thread's two rows (row0, row0 + 8 of the tile) of O / l into the
 // swizzled Q tile at sQ, and their lse (rows below rows_q) into lse_row. The caller orders these
 // stores before the tile's read-back (a CTA barrier, or a __syncwarp where each warp reads its own
@@ -252,9 +259,8 @@ __device__ __forceinline__ void stage_output(const float (&acc)[Tr::kORegs], Att
                                              int row0, int t, int rows_q, float* lse_row) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);  // l was this thread's columns only
     float lse;
-    const float inv_l = rs[hh].finalize(lse);   // 0 for a row with no visible key: output 0
+    const float inv_l = finish_row(rs[hh], lse);
     const int r = row0 + 8 * hh;
 #pragma unroll
     for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
@@ -273,9 +279,8 @@ __device__ __forceinline__ void store_output(const float (&acc)[Tr::kORegs], Att
                                              int64_t o_seq, int row0, int t, int rows_q, float* lse_row) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    rs[hh].l = warp_allreduce_sum<4>(rs[hh].l);  // l was this thread's columns only
     float lse;
-    const float inv_l = rs[hh].finalize(lse);   // 0 for a row with no visible key: output 0
+    const float inv_l = finish_row(rs[hh], lse);
     const int r = row0 + 8 * hh;
     if (r < rows_q) {
       T* const o = gO + int64_t{r} * o_seq + 2 * t;
