@@ -37,9 +37,9 @@ constexpr int ws_block_n() {
   return kHeadDim == 64 ? 112 : kHeadDim <= 128 ? 128 : 64;
 }
 // A longer key tile from ws_long_keys keys on (0: none): D = 192's 112 keys (two slots, K and V
-// released apart; FA3's tile, on the persistent grid) measured +3-10% over 64 at N >= 2048 and -5-11%
-// at N = 512 (above); persistent, +11-16% over the one-CTA 64-key tile at N >= 2048 (causal +7-11%), -7%
-// at N = 512.
+// released apart; FA3's tile) measured +3-10% over 64 at N >= 2048 and -5-11% at N = 512 (above);
+// session 28, over the one-CTA 64-key tile at N >= 2048: +11-16% on the persistent grid (full
+// launches), +6-12% one CTA per tile (causal ones, where the grid stays so: ws_persistent).
 template <int kHeadDim>
 constexpr int ws_long_block_n() {
   return kHeadDim == 192 ? 112 : 0;
