@@ -54,8 +54,7 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
   auto run = [&](auto traits) {
     using R = decltype(traits);
     if constexpr (R::kPersistent) {
-      WsSchedule sched =
-          ws_schedule(m_blocks, batch_heads, params.group, int64_t{params.seqlen_k} * R::kHeadDim * 4, g_l2);
+      WsSchedule sched = ws_schedule(params, m_blocks, batch_heads, R::kHeadDim, g_l2);
       if (sched.tiles == 0) return cudaSuccess;
       params.bh_offset = 0;
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sched.tiles, g_sms));

@@ -91,9 +91,12 @@ inline bool encode_operand(CUtensorMap* map, const void* base, int64_t batch, in
 }
 
 // The persistent kernel's schedule (WsSchedule) over the m_blocks x slots query tiles: sections of
-// as many (batch, head) pairs as have K and V (kv_bytes each, shared by a GQA group) in half of
-// l2_bytes, at least one.
-inline WsSchedule ws_schedule(int64_t m_blocks, int64_t slots, int group, int64_t kv_bytes, int64_t l2_bytes) {
+// as many (batch, head) pairs as have K and V (16-bit, Nk x head_dim each, shared by a GQA group) in
+// half of l2_bytes, at least one.
+inline WsSchedule ws_schedule(const Params& params, int64_t m_blocks, int64_t slots, int head_dim,
+                              int64_t l2_bytes) {
+  const int64_t kv_bytes = int64_t{params.seqlen_k} * head_dim * 2 * 2;
+  const int group = params.group;
   WsSchedule s;
   s.counter = nullptr;
   s.m_blocks = static_cast<int>(m_blocks);
@@ -140,8 +143,7 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
     int sms;
     int64_t l2_bytes;
     device_sms_l2(sms, l2_bytes);
-    const WsSchedule sched = ws_schedule(m_blocks, batch_heads, params.group,
-                                         int64_t{params.seqlen_k} * Tr::kHeadDim * 2 * 2, l2_bytes);
+    const WsSchedule sched = ws_schedule(params, m_blocks, batch_heads, Tr::kHeadDim, l2_bytes);
     if (sched.tiles == 0) return cudaSuccess;
     const auto kernel = flash_fwd_sm90_ws_kernel<Tr, T>;
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
