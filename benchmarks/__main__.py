@@ -130,7 +130,8 @@ def _timing_note(mode: str, warmup: float, rep: float, rounds: int = 1) -> str:
                     "time) as the second column (graph_ms in the JSON)"}[mode]
     if mode != "graph" and rounds > 1:
         how += (f"; the eager figure is the median of {rounds} rounds, every provider of a point "
-                "timed in turn in each (the host's drift shared alike; all rounds in eager_rounds_ms)")
+                "timed in turn in each, every other round in reverse order (the host's and the clock's drift "
+                "shared alike; all rounds in eager_rounds_ms)")
     return (f"median; GPU: {how}, warm-up {warmup:g} ms, {rep:g} ms of repeats per point, input "
             "sets rotating through >= 2x L2; CPU: perf_counter per call. Each provider is checked "
             "(DESIGN §4 rule against a float64 reference, float32 for attention cases over 2^30 "

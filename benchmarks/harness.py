@@ -225,8 +225,8 @@ class CudaTimer:
         # host cost included); the CUDA-graph replay (kernel time) is the second column.
         self.eager_first = eager_first
         # Eager rounds per point (run_case): the first with the provider's check and graph column,
-        # then rounds − 1 more of every provider in turn (ABC ABC ...), the headline the median of
-        # the rounds. An eager call near the host's cost reads that host's state: on the H100
+        # then rounds − 1 more of every provider in turn (CBA ABC ...: _more_rounds), the headline the
+        # median of the rounds. An eager call near the host's cost reads that host's state: on the H100
         # machine (2026-11-27) torch.softmax's eager GB/s at 65536x128 fp32 moved by 30% between
         # two runs, and two providers running the same kernel in one run differed by 8%, while
         # the graph column stayed within 1%. Interleaved rounds give drift to every provider alike.
@@ -615,11 +615,15 @@ def _rate(suite: Suite, cfg: RunConfig, case: dict, ms: float) -> tuple[float, f
 
 
 def _more_rounds(suite: Suite, cfg: RunConfig, case: dict, timed: list) -> None:
-    """The timer's rounds − 1 further eager rounds of every timed provider of a point, in turn;
-    each record's headline becomes the median of its rounds (all kept in `eager_rounds_ms`)."""
+    """The timer's rounds − 1 further eager rounds of every timed provider of a point, in turn,
+    every other round in reverse order (ABC, CBA, ABC, ...); each record's headline becomes the
+    median of its rounds (all kept in `eager_rounds_ms`). Why the reversal: on the H200 (attention
+    suite, 2026-11-29) a provider's eager time moved by up to 18% between rounds with its place in
+    the round (the clock after the heavier or lighter kernel before it), so a fixed order gave each
+    provider the same neighbour, and a bias, every round."""
     rounds = {id(rec): [t.ms] for rec, _, _, t in timed}
-    for _ in range(getattr(cfg.timer, "rounds", 1) - 1):
-        for rec, call, n_sets, t in timed:
+    for i in range(getattr(cfg.timer, "rounds", 1) - 1):
+        for rec, call, n_sets, t in (timed[::-1] if i % 2 == 0 else timed):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ms = cfg.timer.again(call, n_sets, t)

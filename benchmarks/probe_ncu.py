@@ -19,6 +19,8 @@ Targets:
       `--launch-skip 2 --launch-count 2` takes the second run's two big kernels.
   backward-d64-wgmma / backward-d128-wgmma (-causal): the same backward through backend "cuda" (its
       forward, and the wgmma backward flash_bwd_sm90_kernel); `--kernel-name regex:flash_bwd_sm90`.
+  backward-d128-cudnn: the same backward through SDPA's cuDNN backend (issue #13's baseline; its
+      backward kernel: `--kernel-name regex:cudnn.*dgrad|bprop` or by launch order).
   fwd-d128-wgmma / fwd-d128-wgmma_ws / fwd-d128-triton: the attention forward at bf16, B = 4,
       H = 16, N = 8192, D = 128, not causal (the attention suite's point where cuDNN leads by
       ~1.2x): the cp.async and warp-specialized wgmma kernels forced, and the Triton default.
@@ -53,7 +55,12 @@ def _targets(dev: torch.device) -> dict:
                 b, h, n = 4, 2048 // d, 4096
                 qkv = [torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
                        for _ in range(3)]
-                out = ta.attention(*qkv, causal=causal, backend=backend)
+                if backend == "cudnn":
+                    from torch.nn.attention import SDPBackend, sdpa_kernel
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        out = torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=causal)
+                else:
+                    out = ta.attention(*qkv, causal=causal, backend=backend)
                 state.extend([out, qkv, torch.randn(out.shape, device=dev, dtype=out.dtype, generator=g)])
             out, qkv, dout = state
             return torch.autograd.grad(out, qkv, dout, retain_graph=True)
@@ -88,6 +95,7 @@ def _targets(dev: torch.device) -> dict:
         "backward-d64-wgmma": backward(64, "cuda"),
         "backward-d128-wgmma": backward(128, "cuda"),
         "backward-d128-wgmma-causal": backward(128, "cuda", True),
+        "backward-d128-cudnn": backward(128, "cudnn"),
         "softmax-fp32-triton": lambda: ta.softmax(x, backend="triton"),
         "softmax-fp32-cuda": lambda: ta.softmax(x, backend="cuda"),
         "softmax-fp32-torch": lambda: torch.softmax(x, -1),

@@ -63,6 +63,13 @@ WS = 1 << 16  # a row of the sm90 warp-specialized kernel (sweep_flags::kWs), bu
 WS_SPLIT = 1 << 17  # with WS: K and V released apart (sweep_flags::kWsSplit, WsTraits::kSplitRelease)
 WS_SINGLE = 1 << 18  # with WS: one CTA per query tile, not the persistent grid (sweep_flags::kWsSingle)
 WS_DYNAMIC = 1 << 19  # with WS: the persistent grid fed by a tile counter (sweep_flags::kWsDynamic)
+WS_PING_PONG = 1 << 20  # with WS: the consumers' ping-pong (sweep_flags::kWsPingPong, WsTraits::kPingPong)
+WS_WIDE = 1 << 21  # with WS: the persistent epilogue's 16-byte stores (sweep_flags::kWsWide, WsTraits::kWideStore)
+WS_LOCAL = 1 << 22  # with WS: sections of one KV head's pairs (sweep_flags::kWsLocal, WsTraits::kLocalOrder)
+# WsTraits's bool parameters after the consumer count, in order, and the flag that sets each (for the
+# report: the names of those set)
+WS_OPTIONS = (("split", WS_SPLIT), ("persistent", None), ("dynamic", WS_DYNAMIC), ("ping-pong", WS_PING_PONG),
+              ("wide", WS_WIDE), ("local", WS_LOCAL))
 CONFIG_FLAGS = {1: "q_in_regs", 2: "fold", 4: "lean", 8: "joint", 16: "skew", 32: "lazy"}
 
 SWEEP_DIR = ROOT / "csrc" / "attention" / "sweep"
@@ -202,10 +209,9 @@ def flag_names(flags: int, names=FLAGS) -> list[str]:
 
 def describe(v: dict) -> str:
     if v["flags"] & WS:
-        split = "true" if v["flags"] & WS_SPLIT else "false"
-        persistent = "false" if v["flags"] & WS_SINGLE else "true"
-        dynamic = ", true" if v["flags"] & WS_DYNAMIC else ""
-        return (f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}, {split}, {persistent}{dynamic}> "
+        on = [name for name, bit in WS_OPTIONS
+              if (not v["flags"] & WS_SINGLE if bit is None else v["flags"] & bit)]
+        return (f"WsTraits<{v['head_dim']}, {v['block_n']}, {v['block_m'] // 64}: {' '.join(on) or 'single'}> "
                 f"({v['stages']} stages)")
     fl = "|".join(flag_names(v["flags"])) or "0"
     mb = v.get("min_blocks")

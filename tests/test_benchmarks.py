@@ -877,15 +877,15 @@ class RoundsTimer:
 
 
 def test_eager_rounds_interleave_providers_and_take_the_median():
-    """rounds − 1 more rounds per point, every provider in turn (ABAB), the headline their median
-    (value and ratios from it), every round kept."""
+    """rounds − 1 more rounds per point, every provider in turn, every other round reversed (AB,
+    then BA, AB, ...), the headline their median (value and ratios from it), every round kept."""
     suite = h.Suite(name="t", title="t", op=h.SOFTMAX, device="cpu", shapes=[dict(M=8, N=64)],
                     dtypes=("fp32",), providers=[h.Provider("ours", _softmax), h.torch_softmax()],
                     baselines=("torch.softmax",))
-    # first rounds: ours 4, torch 1; then (ours, torch) twice: (1, 2), (2, 3)
-    timer = RoundsTimer(3, [4.0, 1.0, 1.0, 2.0, 2.0, 3.0])
+    # first rounds: ours 4, torch 1; then (torch, ours) (2, 1) and (ours, torch) (2, 3)
+    timer = RoundsTimer(3, [4.0, 1.0, 2.0, 1.0, 2.0, 3.0])
     recs = _by_provider(h.run_suite(suite, _cfg(timer)))
-    assert timer.order == [4.0, 1.0, 4.0, 1.0]  # ours, torch, ours, torch
+    assert timer.order == [1.0, 4.0, 4.0, 1.0]  # torch, ours, ours, torch
     ours, torch_ = recs["ours"][0], recs["torch.softmax"][0]
     assert ours["eager_rounds_ms"] == [4.0, 1.0, 2.0] and ours["ms"] == 2.0
     assert torch_["eager_rounds_ms"] == [1.0, 2.0, 3.0] and torch_["ms"] == 2.0

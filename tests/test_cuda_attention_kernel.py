@@ -110,8 +110,11 @@ def test_sweep_table_and_script_agree():
     ws = [i for i, r in enumerate(rows) if re.search(r"\bkWs\b", r[5])]
     assert int(re.search(r"constexpr unsigned kWsSingle = 1u << (\d+);", text).group(1)) == sweep.WS_SINGLE.bit_length() - 1
     assert int(re.search(r"constexpr unsigned kWsDynamic = 1u << (\d+);", text).group(1)) == sweep.WS_DYNAMIC.bit_length() - 1
-    # a split, single or dynamic row is a kWs row; a dynamic one is persistent (not single)
-    assert all(re.search(r"\bkWs\b", r[5]) for r in rows if re.search(r"kWs(Split|Single|Dynamic)", r[5]))
+    assert int(re.search(r"constexpr unsigned kWsPingPong = 1u << (\d+);", text).group(1)) == sweep.WS_PING_PONG.bit_length() - 1
+    assert int(re.search(r"constexpr unsigned kWsWide = 1u << (\d+);", text).group(1)) == sweep.WS_WIDE.bit_length() - 1
+    assert int(re.search(r"constexpr unsigned kWsLocal = 1u << (\d+);", text).group(1)) == sweep.WS_LOCAL.bit_length() - 1
+    # a split, single, dynamic, ping-pong, wide or local row is a kWs row; a dynamic one is persistent (not single)
+    assert all(re.search(r"\bkWs\b", r[5]) for r in rows if re.search(r"kWs(Split|Single|Dynamic|PingPong|Wide|Local)", r[5]))
     assert not any("kWsDynamic" in r[5] and "kWsSingle" in r[5] for r in rows)
     assert ws and ws == sweep.ws_rows()
     for i in ws:

@@ -177,7 +177,7 @@ def test_kernel_in_the_emulator(emulator, head_dim):
     out = run_attention_emulator(emulator, head_dim, timeout=1200)
     assert re.search(r"^0 of \d+ cases failed$", out, re.M), out[-3000:]
     # every kernel of the head dim ran its cases
-    for kernel in ("cp.async", "ws", "ws_split", "ws_other", "ws_dynamic"):
+    for kernel in ("cp.async", "ws", "ws_split", "ws_other", "ws_dynamic", "ws_alt"):
         ran = out.count(f"\nok   {kernel} ")
         if kernel == "cp.async" and head_dim not in cuda_attention.SM90_HEAD_DIMS:
             assert ran == 0, out[-3000:]
@@ -196,8 +196,8 @@ def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_di
     base = {**os.environ, "TILED_ATTN_EMU_LAG": "2"}
     # ws_split: its K and V releases both counted short; ws_other: the tile on its other grid (the
     # persistent one's Q release counted short too, at D <= 128 in ws / ws_split, at 192 / 256 here);
-    # ws_dynamic: the counter-fed persistent grid.
-    for kernel in ("ws", "ws_split", "ws_other", "ws_dynamic"):
+    # ws_dynamic: the counter-fed persistent grid; ws_alt: the ping-pong, wide stores and local order flipped.
+    for kernel in ("ws", "ws_split", "ws_other", "ws_dynamic", "ws_alt"):
         ran = {}
         for mutate in ("", "short_count"):
             env = {**base, "TILED_ATTN_EMU_MUTATE": mutate}
@@ -208,6 +208,22 @@ def test_emulator_catches_a_slot_released_by_too_few_consumers(emulator, head_di
         assert rc_ok == 0 and re.search(r"^0 of \d+ cases failed$", out_ok, re.M), (kernel, seed, out_ok[-3000:])
         assert rc_bad == 1 and re.search(rf"^FAIL {kernel} .*(deadlock|before .* waited|overwrites|lands on)",
                                          out_bad, re.M), (kernel, seed, out_bad[-3000:])
+
+
+@pytest.mark.parametrize("head_dim", (64, 192))
+def test_emulator_catches_a_lost_ping_pong_hand_over(emulator, head_dim):
+    """The consumers' ping-pong (WsTraits::kPingPong, off by default: ws_alt turns it on, with three
+    consumers at D = 64, two at 192) with every bar.arrive lost (TILED_ATTN_EMU_MUTATE=drop_arrive):
+    the next consumer never gets the token, and the emulator reports the deadlock; the kernel as
+    written passes the same seed."""
+    seed = str(fresh_seed())
+    for mutate in ("", "drop_arrive"):
+        r = subprocess.run([str(emulator), str(head_dim), seed, "ws_alt"], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "TILED_ATTN_EMU_MUTATE": mutate})
+        if mutate:
+            assert r.returncode == 1 and re.search(r"^FAIL ws_alt .*deadlock", r.stdout, re.M), r.stdout[-3000:]
+        else:
+            assert r.returncode == 0 and re.search(r"^0 of \d+ cases failed$", r.stdout, re.M), r.stdout[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -283,6 +283,18 @@ inline float shfl_xor(float v, int offset) {
   return c.out_f[lane][0];
 }
 
+// The 32-bit integer form (the persistent forward's epilogue trades packed bf16 / fp16 pairs): the bits
+// travel through the float form unchanged (copies, no arithmetic). A template for uint32_t alone, so
+// that other arguments (a double) still convert to the float form as they did.
+template <typename U, std::enable_if_t<std::is_same<U, uint32_t>::value, int> = 0>
+inline uint32_t shfl_xor(U v, int offset) {
+  float f;
+  std::memcpy(&f, &v, 4);
+  f = shfl_xor(f, offset);
+  std::memcpy(&v, &f, 4);
+  return v;
+}
+
 template <typename T>
 double to_double(uint16_t bits) {
   T v;

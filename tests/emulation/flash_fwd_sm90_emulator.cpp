@@ -19,10 +19,12 @@
 //       tests/emulation/flash_fwd_sm90_emulator.cpp -o /tmp/flash_fwd_sm90_emulator && /tmp/flash_fwd_sm90_emulator
 // Optional arguments: a head dim (0: all; 96 and 192 run the ws kernels only), a seed (inputs, thread
 // schedule, shared-memory base, which warpgroup lags: emu_common.h g_lag_lo; the persistent grid's CTA
-// count and sections), "cp.async", "ws", "ws_split", "ws_other" or "ws_dynamic" (one kernel; ws_split:
-// the ws tile with K and V released apart, WsTraits::kSplitRelease; ws_other: the ws tile on the other
-// grid, WsTraits::kPersistent flipped; ws_dynamic: on the persistent grid fed by a tile counter,
-// WsTraits::kDynamic). Environment, for the
+// count and sections), "cp.async", "ws", "ws_split", "ws_other", "ws_dynamic" or "ws_alt" (one kernel;
+// ws_split: the ws tile with K and V released apart, WsTraits::kSplitRelease; ws_other: the ws tile on
+// the other grid, WsTraits::kPersistent flipped; ws_dynamic: on the persistent grid fed by a tile
+// counter, WsTraits::kDynamic; ws_alt: the consumers' ping-pong, the wide epilogue stores and the
+// local schedule flipped, WsTraits::kPingPong, kWideStore, kLocalOrder). Each keeps the entry's other
+// choices. Environment, for the
 // emulator's own test: TILED_ATTN_EMU_LAG=W (warpgroup W lags in every case), TILED_ATTN_EMU_MUTATE=
 // short_count (barriers counting several warpgroups count one fewer: a bug the emulator must catch).
 #define EMU_KERNEL_NAMESPACE flash_fwd_sm90
@@ -44,8 +46,9 @@ cudaError_t launch_kernel(Params params, int batch_heads, cudaStream_t) {
 // (WsTraits::kPersistent flipped: one CTA per query tile where the tile is persistent, and the other
 // way round): the TMA maps' boxes are the same. The persistent grid has g_sms CTAs (at most one per
 // tile) and its sections come from an L2 of g_l2 bytes: both drawn per case, so CTAs walk one to all
-// of the tiles and sections hold one to all pairs.
-bool g_ws_split = false, g_ws_other = false, g_ws_dynamic = false;
+// of the tiles and sections hold one to all pairs. (g_ws_alt) the ping-pong, wide stores and local
+// order flipped.
+bool g_ws_split = false, g_ws_other = false, g_ws_dynamic = false, g_ws_alt = false;
 int g_sms = 1;
 int64_t g_l2 = 0;
 template <class Tr, typename T>
@@ -54,7 +57,7 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
   auto run = [&](auto traits) {
     using R = decltype(traits);
     if constexpr (R::kPersistent) {
-      WsSchedule sched = ws_schedule(params, m_blocks, batch_heads, R::kHeadDim, g_l2);
+      WsSchedule sched = ws_schedule_of<R>(params, m_blocks, batch_heads, g_l2);
       if (sched.tiles == 0) return cudaSuccess;
       params.bh_offset = 0;
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(sched.tiles, g_sms));
@@ -71,9 +74,13 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
     }
   };
   constexpr int kD = Tr::kHeadDim, kN = Tr::kBlockN, kC = Tr::kConsumers;
-  if (g_ws_other) return run(WsTraits<kD, kN, kC, Tr::kSplitRelease, !Tr::kPersistent>{});
-  if (g_ws_dynamic) return run(WsTraits<kD, kN, kC, Tr::kSplitRelease, true, true>{});
-  return g_ws_split ? run(WsTraits<kD, kN, kC, true, Tr::kPersistent>{}) : run(Tr{});
+  constexpr bool kSplit = Tr::kSplitRelease, kPersistent = Tr::kPersistent, kPP = Tr::kPingPong;
+  constexpr bool kWide = Tr::kWideStore, kLocal = Tr::kLocalOrder;
+  static_assert(!Tr::kDynamic, "the library's entries run no counter-fed grid");
+  if (g_ws_other) return run(WsTraits<kD, kN, kC, kSplit, !kPersistent, false, kPP, kWide, kLocal>{});
+  if (g_ws_dynamic) return run(WsTraits<kD, kN, kC, kSplit, true, true, kPP, kWide, kLocal>{});
+  if (g_ws_alt) return run(WsTraits<kD, kN, kC, kSplit, kPersistent, false, !kPP, !kWide, !kLocal>{});
+  return g_ws_split ? run(WsTraits<kD, kN, kC, true, kPersistent, false, kPP, kWide, kLocal>{}) : run(Tr{});
 }
 }  // namespace flash_fwd_sm90
 }  // namespace tiled_attn
@@ -89,18 +96,20 @@ using emu_cases::Case;
 
 // The run of a case: attention_fwd_sm90 (ws: attention_fwd_sm90_ws, the warp-specialized kernel) with
 // the dynamic shared memory at a random base.
-emu_cases::CaseRun case_run(const Case& c, bool ws, bool split = false, bool other = false, bool dynamic = false) {
+emu_cases::CaseRun case_run(const Case& c, bool ws, bool split = false, bool other = false, bool dynamic = false,
+                            bool alt = false) {
   emu_cases::CaseRun run;
   run.entry = ws ? "attention_fwd_sm90_ws" : "attention_fwd_sm90";
-  run.tag = dynamic ? "ws_dynamic" : other ? "ws_other" : split ? "ws_split" : ws ? "ws" : "cp.async";
+  run.tag = alt ? "ws_alt" : dynamic ? "ws_dynamic" : other ? "ws_other" : split ? "ws_split" : ws ? "ws" : "cp.async";
   run.unwritten = "unwritten, or an accumulator read before its wgmma's wait";
   // The dynamic shared memory's address this case: 16-byte aligned, not 1024-aligned (but 0 sometimes).
   // One warpgroup in two cases lags the others (emu_common.h g_lag_lo): the producer or a consumer
   // (TILED_ATTN_EMU_LAG=W: warpgroup W in every case, -1 none).
-  run.prepare = [split, other, dynamic](std::mt19937& rng) {
+  run.prepare = [split, other, dynamic, alt](std::mt19937& rng) {
     tiled_attn::flash_fwd_sm90::g_ws_split = split;
     tiled_attn::flash_fwd_sm90::g_ws_other = other;
     tiled_attn::flash_fwd_sm90::g_ws_dynamic = dynamic;
+    tiled_attn::flash_fwd_sm90::g_ws_alt = alt;
     tiled_attn::flash_fwd_sm90::g_sms = std::uniform_int_distribution<int>(1, 4)(rng);
     const int64_t l2s[3] = {0, int64_t{1} << 20, int64_t{1} << 30};  // sections of one, a few, all pairs
     tiled_attn::flash_fwd_sm90::g_l2 = l2s[std::uniform_int_distribution<int>(0, 2)(rng)];
@@ -157,16 +166,18 @@ int main(int argc, char** argv) {
     if (d != 256) cases.push_back({1, 3, 1, 200, 200, d, true, 0, bf});  // top-left causal, MQA
     if (d == 192) cases.push_back({1, 2, 1, 70, 2100, d, true, 2100 - 70, !bf});  // the long key tile (ws_long_keys)
   }
-  // Optional third argument: "ws", "ws_split", "ws_other", "ws_dynamic" or "cp.async" runs that kernel
-  // only (default: all five).
+  // Optional third argument: "ws", "ws_split", "ws_other", "ws_dynamic", "ws_alt" or "cp.async" runs
+  // that kernel only (default: all six).
   const std::string only = argc > 3 ? argv[3] : "";
   for (const Case& c : cases) {
-    for (const char* kernel : {"cp.async", "ws", "ws_split", "ws_other", "ws_dynamic"}) {
+    for (const char* kernel : {"cp.async", "ws", "ws_split", "ws_other", "ws_dynamic", "ws_alt"}) {
       if (!only.empty() && only != kernel) continue;
       const std::string k = kernel;
       // The cp.async kernel has fewer head dims than the warp-specialized one (flash_fwd_sm90.cu).
       if (k == "cp.async" && !tiled_attn::Sm90HeadDims::contains(c.d)) continue;
-      emu_cases::run_counted(c, rng, case_run(c, k != "cp.async", k == "ws_split", k == "ws_other", k == "ws_dynamic"), failed, ran);
+      emu_cases::run_counted(c, rng,
+                             case_run(c, k != "cp.async", k == "ws_split", k == "ws_other", k == "ws_dynamic", k == "ws_alt"),
+                             failed, ran);
     }
   }
   std::printf("%d of %d cases failed\n", failed, ran);

@@ -105,6 +105,7 @@ std::mt19937 g_tma_rng(99);
 // named, how many phases completed.
 struct NamedBarrier {
   int arrived = 0, threads = 0;
+  bool arrive_only = false;  // a bar.arrive counted in the running phase (named_barrier_count)
   long generation = 0;
   std::vector<int> waiters;
 };
@@ -615,8 +616,21 @@ const bool g_mutate_short_named = [] {
   const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
   return m != nullptr && std::string(m) == "short_named";
 }();
-void named_barrier_sync(int id, int threads) {
-  const std::string what = "bar.sync " + std::to_string(id) + ", " + std::to_string(threads);
+// bar.arrive id, threads (the forward's consumer ping-pong): counts the thread into the phase and goes
+// on. A phase that an arrive took part in passes no data here (the kernels hand over the tensor cores
+// with it, nothing else), so its completion does not advance g_epoch: the hazard checks stay as strict
+// as without it. A phase completed by arrivals alone (no thread waiting in it) is a failure: an arrive
+// overran the bar.sync it was meant for (the hardware would start the next phase with the surplus).
+// A deliberate bug for the forward emulator's own test: with TILED_ATTN_EMU_MUTATE=drop_arrive every
+// bar.arrive is lost (a ping-pong whose hand-over never reaches the next consumer must deadlock here).
+const bool g_mutate_drop_arrive = [] {
+  const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
+  return m != nullptr && std::string(m) == "drop_arrive";
+}();
+void named_barrier_count(int id, int threads, bool wait) {
+  if (!wait && g_mutate_drop_arrive) return;
+  const std::string what = std::string(wait ? "bar.sync " : "bar.arrive ") + std::to_string(id) + ", " +
+                           std::to_string(threads);
   if (id < 1 || id > 15) fail(what + ": id not in 1..15");
   if (threads < 32 || threads % 32 || threads > static_cast<int>(g_fibers.size()))
     fail(what + ": thread count not a multiple of 32 within the block");
@@ -626,18 +640,23 @@ void named_barrier_sync(int id, int threads) {
   if (b.arrived && b.threads != threads)
     fail(what + ": threads of one phase name different counts (" + std::to_string(b.threads) + ")");
   b.threads = threads;
+  if (!wait) b.arrive_only = true;
   const long gen = b.generation;
   if (++b.arrived == threads) {
+    if (!wait && b.waiters.empty()) fail(what + ": arrivals alone completed the phase (no thread waits in it)");
+    if (!b.arrive_only) ++g_epoch;
     b.arrived = 0;
+    b.arrive_only = false;
     ++b.generation;
-    ++g_epoch;
     for (int t : b.waiters) g_fibers[t].blocked = false;
     b.waiters.clear();
-  } else {
+  } else if (wait) {
     b.waiters.push_back(cur().tid);
     while (g_named[id].generation == gen) yield_blocked();
   }
 }
+void named_barrier_sync(int id, int threads) { named_barrier_count(id, threads, true); }
+void named_barrier_arrive(int id, int threads) { named_barrier_count(id, threads, false); }
 
 }  // namespace emu
 
@@ -704,6 +723,7 @@ inline void fence_operands(float (&)[N]) {}
 template <int N>
 inline void fence_operands(uint32_t (&)[N][4]) {}
 inline void named_barrier_sync(int id, int threads) { emu::named_barrier_sync(id, threads); }
+inline void named_barrier_arrive(int id, int threads) { emu::named_barrier_arrive(id, threads); }
 // Any N (the emulation is generic in it); kTnspA: A (from desc_a) MN-major.
 template <int N, typename T>
 struct Wgmma {

@@ -271,26 +271,63 @@ __device__ __forceinline__ void stage_output(const float (&acc)[Tr::kORegs], Att
   }
 }
 
+// A 4 x 4 transpose of 32-bit words across a quad (the four lanes of one row of the accumulator
+// fragments, t = lane % 4): on entry lane t holds x[i] = M[t][i], on exit M[i][t]. Two butterfly
+// stages (lane masks 1, 2), each swapping the off-diagonal halves with the partner lane t ^ m: per
+// pair of words one shuffle, the lane's bit choosing which of the two it sends and overwrites.
+__device__ __forceinline__ void transpose_quad(uint32_t (&x)[4], int t) {
+#pragma unroll
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool hi = (t & m) != 0;
+#pragma unroll
+    for (int i0 = 0; i0 < 4; ++i0) {
+      if (i0 & m) continue;
+      const int i1 = i0 | m;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? x[i0] : x[i1], m);
+      if (hi) x[i0] = got;
+      else x[i1] = got;
+    }
+  }
+}
+
 // The whole epilogue without shared memory (the persistent ws kernel's: its Q tile may hold the next
 // tile's Q by then): this thread's two rows of O / l straight into gO (the tile's first row; rows
-// below rows_q), two adjacent columns a 4-byte store (a warp's store: 8 rows x 16 bytes), and lse.
-template <class Tr, typename T>
+// below rows_q), and lse. Lane t of a quad holds columns 8j + 2t, + 1 of every 8-column block j: as
+// they are, two columns a 4-byte store (a warp's store: 8 rows x 16 bytes, half of each 32-byte
+// sector, the other half written by the next block's store). kWide: the quad first trades them
+// (transpose_quad over blocks 4q .. 4q + 3), so lane t holds block 4q + t whole, a 16-byte store (a
+// warp's: 8 rows x 64 bytes, whole sectors) and a quarter of the store instructions.
+template <class Tr, typename T, bool kWide = false>
 __device__ __forceinline__ void store_output(const float (&acc)[Tr::kORegs], AttnRowState (&rs)[2], T* gO,
                                              int64_t o_seq, int row0, int t, int rows_q, float* lse_row) {
+  static_assert(!kWide || Tr::kHeadDim % 32 == 0, "whole groups of four 8-column blocks");
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float lse;
     const float inv_l = finish_row(rs[hh], lse);
     const int r = row0 + 8 * hh;
-    if (r < rows_q) {
-      T* const o = gO + int64_t{r} * o_seq + 2 * t;
+    T* const o = gO + int64_t{r} * o_seq;
+    if constexpr (kWide) {
+      // Every lane of the quad takes part in the shuffles; only the store is per row.
+#pragma unroll
+      for (int q = 0; q < Tr::kHeadDim / 32; ++q) {
+        uint32_t x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 4 * q + i;
+          x[i] = pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l);
+        }
+        transpose_quad(x, t);
+        if (r < rows_q) *reinterpret_cast<uint4*>(o + 8 * (4 * q + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+      }
+    } else if (r < rows_q) {
 #pragma unroll
       for (int j = 0; j < Tr::kHeadDim / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(o + 8 * j) =
+        *reinterpret_cast<uint32_t*>(o + 8 * j + 2 * t) =
             pack2<T>(acc[4 * j + 2 * hh] * inv_l, acc[4 * j + 2 * hh + 1] * inv_l);
       }
-      if (t == 0) lse_row[r] = lse;
     }
+    if (t == 0 && r < rows_q) lse_row[r] = lse;
   }
 }
 

@@ -107,6 +107,13 @@ inline WsSchedule ws_schedule(const Params& params, int64_t m_blocks, int64_t sl
   return s;
 }
 
+// The schedule of a tile shape: with WsTraits::kLocalOrder sections of one KV head's pairs (as if the
+// L2 held no more than one).
+template <class Tr>
+WsSchedule ws_schedule_of(const Params& params, int64_t m_blocks, int64_t slots, int64_t l2_bytes) {
+  return ws_schedule(params, m_blocks, slots, Tr::kHeadDim, Tr::kLocalOrder ? 0 : l2_bytes);
+}
+
 #ifndef TILED_ATTN_EMULATION
 // The current device's SM count and L2 size, read once per device (the persistent grid's size and the
 // schedule's sections).
@@ -143,7 +150,7 @@ cudaError_t launch_ws_kernel(Params params, const TmaMaps& maps, int batch_heads
     int sms;
     int64_t l2_bytes;
     device_sms_l2(sms, l2_bytes);
-    const WsSchedule sched = ws_schedule(params, m_blocks, batch_heads, Tr::kHeadDim, l2_bytes);
+    const WsSchedule sched = ws_schedule_of<Tr>(params, m_blocks, batch_heads, l2_bytes);
     if (sched.tiles == 0) return cudaSuccess;
     const auto kernel = flash_fwd_sm90_ws_kernel<Tr, T>;
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
@@ -203,9 +210,11 @@ cudaError_t run_ws_tile(const Params& params, int batch_heads, cudaStream_t stre
 
 // The warp-specialized kernel: Params as for run_flash_fwd_sm90 (make_params checked the 16-byte
 // alignment of every base and stride, which is also TMA's rule), the tile by head dim (ws_consumers,
-// ws_block_n, ws_split_release; from ws_long_keys keys on ws_long_block_n where the head dim has one),
-// on the persistent grid where ws_persistent (and the long tile) says so, for causal launches only up
-// to ws_causal_persistent_m_blocks query tiles a head (ws_persistent: why), one CTA per tile otherwise.
+// ws_block_n, ws_split_release; up to ws_short_keys keys on ws_short_block_n's persistent tile with
+// 16-byte epilogue stores, from ws_long_keys keys on ws_long_block_n, where the head dim has them), on
+// the persistent grid where ws_persistent (and the short and long tiles) say so, for causal launches
+// only up to ws_causal_persistent_m_blocks query tiles a head (ws_persistent: why), one CTA per tile
+// otherwise.
 template <int kHeadDim, typename T>
 cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStream_t stream) {
   constexpr int kC = ws_consumers<kHeadDim>();
@@ -213,6 +222,11 @@ cudaError_t run_flash_fwd_sm90_ws(const Params& params, int batch_heads, cudaStr
   auto persistent = [&](int block_m) {
     return !params.causal || (int64_t{params.seqlen_q} + block_m - 1) / block_m <= ws_causal_persistent_m_blocks();
   };
+  if constexpr (ws_short_block_n<kHeadDim>() > 0) {
+    using Short = WsTraits<kHeadDim, ws_short_block_n<kHeadDim>(), kC, kSplit, true, false, false, true>;
+    if (params.seqlen_k <= ws_short_keys() && persistent(Short::kBlockM))
+      return run_ws_tile<Short, T>(params, batch_heads, stream);
+  }
   if constexpr (ws_long_block_n<kHeadDim>() > 0) {
     using Long = WsTraits<kHeadDim, ws_long_block_n<kHeadDim>(), kC, true, true>;
     if (params.seqlen_k >= ws_long_keys<kHeadDim>()) {

@@ -16,8 +16,9 @@
 // Inside a consumer, one tile's softmax overlaps the previous tile's P V (below). With
 // WsTraits::kPersistent the grid is one CTA per SM, each walking query tiles (WsSchedule): the K / V
 // ring and Q's full / empty barriers run on across them, so the next tile's Q and first K / V load
-// while a tile's last P V and output stores run. Not yet: the ping-pong of the two consumers (FA3
-// §3.1), a dynamic (counter-fed) tile scheduler.
+// while a tile's last P V and output stores run. With WsTraits::kPingPong (sweep rows only: measured
+// slower, ws_ping_pong) the consumers take turns at the tensor cores (FA3 §3.1: a token passed round
+// them through named barriers, below).
 //
 // TMA does what the cp.async kernel's predicates did: a box past the end of the keys (or queries) is
 // zero-filled, and the tensor maps carry the 64-bit strides (coordinates are 32-bit indices). The
@@ -28,7 +29,8 @@
 // Epilogue: each warp stages its own 16 rows of O in the (then free) Q rows it owns and stores them
 // with 16-byte row-contiguous stores; a __syncwarp orders the two (no CTA barrier needed). Persistent,
 // Q's shared memory may hold the next tile's Q by then: O goes straight from the accumulators
-// (store_output, 4-byte stores).
+// (store_output: 4-byte stores, or with WsTraits::kWideStore 16-byte ones after a transpose across
+// each quad of lanes; ws_short_block_n says where).
 // tests/emulation/flash_fwd_sm90_emulator.cpp runs this kernel too (mbarrier phases, tx counts and
 // TMA completion emulated, completion deferred to a random later point of the schedule).
 #pragma once
@@ -204,6 +206,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int row0 = cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
+  // Ping-pong (WsTraits::kPingPong, ws_ping_pong): consumer c waits at named barrier 1 + c (256
+  // threads: its own 128 at bar.sync, the previous consumer's 128 at bar.arrive) before it issues a key
+  // tile's two products, and arrives at the next one's after. Consumer 0 arrives at its own first, so
+  // it goes first. The products of a tile's first S and its last P V are issued outside the round
+  // (as FA3 does), so each consumer passes the barrier n_tiles − 1 times a query tile, the same count
+  // for all (the key tiles are the CTA tile's): the round stays in step across a persistent CTA's
+  // tiles, and the last hand-over always reaches consumer 0, which takes it after its last tile.
+  if constexpr (Tr::kPingPong) {
+    if (cw == 0) named_barrier_arrive(1, 256);
+  }
+
   const uint64_t desc_q0 = make_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
   const uint64_t desc_k0 = make_desc_sw128(sK, 16, 1024);
   const uint64_t desc_v0 = make_desc_sw128(sV, Tr::kBlockN * 128, 1024);
@@ -236,15 +249,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float sc[Tr::kSRegs];
     uint32_t pa[Tr::kPVSteps][4];
     float alpha[2];
+    auto wait_k = [&](int it) { mbar_wait(full_k((ring + it) % Tr::kStages), ((ring + it) / Tr::kStages) & 1); };
+    auto wait_v = [&](int it) { mbar_wait(full_v((ring + it) % Tr::kStages), ((ring + it) / Tr::kStages) & 1); };
     auto issue_qk = [&](int it) {
-      const int r = ring + it, s = r % Tr::kStages;
-      mbar_wait(full_k(s), (r / Tr::kStages) & 1);
-      qk_product<Tr, T>(sc, desc_q0, desc_advance(desc_k0, s * Tr::kKVBytes));
+      qk_product<Tr, T>(sc, desc_q0, desc_advance(desc_k0, (ring + it) % Tr::kStages * Tr::kKVBytes));
     };
     auto issue_pv = [&](int it) {
-      const int r = ring + it, s = r % Tr::kStages;
-      mbar_wait(full_v(s), (r / Tr::kStages) & 1);
-      pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, s * Tr::kKVBytes));
+      pv_product<Tr, T>(acc, pa, desc_advance(desc_v0, (ring + it) % Tr::kStages * Tr::kKVBytes));
     };
     auto softmax = [&](int it) { cta.softmax(p, it, sc, alpha, rs, limit_base, t); };
     // The consumers' releases: K_it once S_it has landed (kSplitRelease), and with the last S of the
@@ -266,6 +277,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     };
 
     if (n_tiles > 0) {
+      wait_k(0);
       wgmma_fence();
       issue_qk(0);
       wgmma_commit();
@@ -277,11 +289,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 1; it < n_tiles; ++it) {
         fence_operands(acc);
         fence_operands(pa);
+        wait_k(it);
+        // Ping-pong: both operands' tiles are waited for before the token is taken, so a late load
+        // holds up this consumer alone, not the token.
+        if constexpr (Tr::kPingPong) {
+          wait_v(it - 1);
+          named_barrier_sync(1 + cw, 256);
+        }
         wgmma_fence();
         issue_qk(it);
         wgmma_commit();
+        if constexpr (!Tr::kPingPong) wait_v(it - 1);
         issue_pv(it - 1);
         wgmma_commit();
+        if constexpr (Tr::kPingPong) named_barrier_arrive(1 + (cw + 1) % Tr::kConsumers, 256);
         wgmma_wait<1>();  // S_it has landed; P_{it-1} V_{it-1} may still run
         fence_operands(sc);
         release_k(it);  // this thread's reads of K_it (and with the last, of Q) are done
@@ -293,6 +314,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       fence_operands(acc);
       fence_operands(pa);
+      wait_v(n_tiles - 1);
       wgmma_fence();
       issue_pv(n_tiles - 1);
       wgmma_commit();
@@ -310,7 +332,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (Tr::kPersistent) {
       // Straight from the accumulators: Q's shared memory, where the one-tile epilogue stages O, may
       // already hold the next tile's Q.
-      store_output<Tr, T>(acc, rs, gO, p.o_seq, row0, t, cta.rows_q, lse_row);
+      store_output<Tr, T, Tr::kWideStore>(acc, rs, gO, p.o_seq, row0, t, cta.rows_q, lse_row);
     } else {
       // The warp's 16 rows of O / l into its own rows of the Q tile (Q was waited for above, and every
       // wgmma reading it completed before this warpgroup's last P V was issued), then 16-byte stores.
@@ -329,6 +351,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
     }
+  }
+  // The round's last hand-over (the last consumer's, to consumer 0; or consumer 0's own first arrive
+  // if no key tile passed the round) completes here, so no phase is left open at exit.
+  if constexpr (Tr::kPingPong) {
+    if (cw == 0) named_barrier_sync(1, 256);
   }
 }
 

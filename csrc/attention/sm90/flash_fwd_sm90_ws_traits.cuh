@@ -83,13 +83,59 @@ constexpr bool ws_persistent() {
 }
 constexpr int ws_causal_persistent_m_blocks() { return 8; }
 
+// The consumers' ping-pong (FA3 §3.1; WsTraits::kPingPong): a named barrier per consumer passes a
+// token round them, and a consumer issues its Q Kᵀ and P V products only while it holds it, then
+// hands it on. The tensor cores then run one consumer's products while the other runs its softmax,
+// instead of all of them issuing at once and then all exponentiating with the tensor cores idle
+// (ncu, H200, D = 128 N = 512: cuDNN 31% of its stalls at a CTA barrier, 61% tensor pipe; ours 47%).
+// FA3 takes it at D <= 128. Measured here it does not pay (H200, kernel time, sweep rows 52-59 against
+// the same tiles without it, benchmarks/results/sweeps/2026-11-29-h200-s29-ws-ping-pong.md). On the
+// persistent grid: D = 128 -3% at N = 512 to -10% at 8192 (636 -> 571 TFLOP/s), causal -2 to -10%;
+// D = 96 -1 to -8%; D = 64 -2 to +1%; D = 192 x 112 -5 to +2%. One CTA per tile: D = 128 +6% at
+// N = 512 to -1% at 8192 (causal +3 to -3%), D = 64 +0-4%, D = 192 x 64 -1 to -6%, D = 256 -1 to -2%.
+// Inside a consumer one tile's softmax already runs under the last one's P V (the intra-warpgroup
+// overlap, below), so the order it imposes mostly delays the next issue. Off everywhere.
+template <int kHeadDim>
+constexpr bool ws_ping_pong() {
+  return false;
+}
+
+// Short launches (Nk <= ws_short_keys): the persistent grid with the 16-byte epilogue stores
+// (WsTraits::kWideStore: store_output trades the accumulators across each quad so that a store writes
+// whole 32-byte sectors, not half of one) on a tile per head dim (ws_short_block_n; 0: none). Where a
+// CTA has few key tiles the epilogue is a large share of its time and of the L2's write traffic (ncu,
+// H200, D = 128 N = 512 B·H = 1024: 7.4 M sectors written in 6.6 M requests by the 4-byte stores,
+// against cuDNN's 4.2 M in 1.0 M, the least O's 128 MB takes; 4.3 M in 1.5 M with the 16-byte ones,
+// and the kernel 319 -> 288 us: benchmarks/results/ncu/2026-11-29-h200-s29-fwd-d128-n512-*).
+// Measured against the same tiles with 4-byte stores (H200, kernel time, sweep rows 65 / 70 / 71 /
+// 68, benchmarks/results/sweeps/2026-11-29-h200-s29-ws-wide-store-short.md): D = 96 +12% at N = 512,
+// +4% at 1024, causal +9% / +4%; D = 128 +12% / +4%, causal +11% / +8%; D = 192 (112 keys) +17% /
+// +8%, causal +17% / +15%, and +8% / +6% over the 64-key one-CTA tile the launcher took there;
+// D = 256 +4-10% over its one-CTA tile. From N = 2048 the wide stores are 2% slower, from 4096 5-9%
+// (the same key-tile loop, ordered differently by ptxas: ...-ws-wide-store-sass.md there), so
+// longer launches keep the 4-byte stores. D = 64: -1-0% (rows 61 / 24), none.
+template <int kHeadDim>
+constexpr int ws_short_block_n() {
+  return kHeadDim == 64 ? 0 : kHeadDim <= 128 ? 128 : kHeadDim == 192 ? 112 : 64;
+}
+constexpr int ws_short_keys() { return 1024; }
+
+// The persistent schedule's sections of one (batch, KV head) group of pairs (WsTraits::kLocalOrder,
+// sweep rows only): every query tile of a pair dealt to neighbouring CTAs, which stream its K and V
+// together, in place of sections as large as half the L2 holds (a pair's K and V read again one pass
+// of the section later; ncu at D = 128 N = 512: 621 MB read from DRAM against cuDNN's 403). Measured
+// (H200, rows 60 / 64 against 24 / 26, sweeps/2026-11-29-h200-s29-ws-wide-store.md): full launches -1-0%
+// (D = 128 N = 8192 -4%), causal up to -30%: with m_blocks dividing the grid, CTA c always gets the
+// same query tile of each pair, so the longest causal tiles all fall to the same CTAs.
+
 // kSplitRelease: K and V slots released apart (FA3's order). A consumer frees K_i as soon as S_i = Q K_iᵀ
 // has landed (before its softmax) and V_i once P_i V_i has; the producer loads K_{i+1} before V_i. The
 // slot held by the P V in flight is then only V's, so with two slots the producer still runs a K tile
 // ahead: what the two-slot tiles lack (D = 256: +34-65%, above). The default per head dim:
 // ws_split_release.
 template <int kHeadDim_, int kBlockN_, int kConsumers_ = ws_consumers<kHeadDim_>(),
-          bool kSplitRelease_ = ws_split_release<kHeadDim_>(), bool kPersistent_ = false, bool kDynamic_ = false>
+          bool kSplitRelease_ = ws_split_release<kHeadDim_>(), bool kPersistent_ = false, bool kDynamic_ = false,
+          bool kPingPong_ = ws_ping_pong<kHeadDim_>(), bool kWideStore_ = false, bool kLocalOrder_ = false>
 struct WsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -103,6 +149,9 @@ struct WsTraits {
   // against 586 dealt in turn but 735 one CTA per tile. Its budgets below (40 / 232 registers) are one
   // suspect: the 24-register producer spilled around the counter's atomic.
   static constexpr bool kDynamic = kDynamic_;
+  static constexpr bool kPingPong = kPingPong_;  // ws_ping_pong
+  static constexpr bool kWideStore = kWideStore_;  // ws_short_block_n
+  static constexpr bool kLocalOrder = kLocalOrder_;  // (above ws_short_block_n)
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;

@@ -75,6 +75,11 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr) {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// bar.arrive: counts this warp's threads into the barrier's phase without waiting for it (the forward's
+// consumer ping-pong: a warpgroup hands the tensor cores on to the next one, whose bar.sync waits).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");

@@ -38,6 +38,13 @@ constexpr unsigned kWsSplit = 1u << 17;
 constexpr unsigned kWsSingle = 1u << 18;
 // With kWs (not kWsSingle): the persistent grid fed by a tile counter (WsTraits::kDynamic).
 constexpr unsigned kWsDynamic = 1u << 19;
+// With kWs: the consumers' ping-pong (WsTraits::kPingPong). Rows without it run without it, whatever
+// ws_ping_pong says for their head dim (the rows above, measured before it, stay what they were).
+constexpr unsigned kWsPingPong = 1u << 20;
+// With kWs: the persistent epilogue's 16-byte stores (WsTraits::kWideStore); its schedule in sections of
+// one KV head's pairs (WsTraits::kLocalOrder). Rows without them run without them.
+constexpr unsigned kWsWide = 1u << 21;
+constexpr unsigned kWsLocal = 1u << 22;
 }  // namespace sweep_flags
 
 // One row per line, each starting with `{<head dim>,` (benchmarks/sweep_cuda_attention.py counts
@@ -113,6 +120,36 @@ constexpr SweepVariant kSweep[] = {
     // in turn unbalances the sawtooth: benchmarks/model_ws_schedule.py) and full ones (no change expected).
     {128, 128, 128, 12, 3, F kWs | F kWsDynamic, 1, "D = 128 fed by a counter: causal N >= 2048 +3-20% over the tiles dealt in turn (the model: 1.03-1.49x makespan), full +-2%"},
     {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsDynamic, 1, "D = 192's long tile fed by a counter: causal 16k ~+20% over dealing in turn (the model: 1.23x -> 1.00x)"},
+    // Session 29: the consumers' ping-pong (kWsPingPong) against the same tiles without it (rows 24, 34, 26, 44,
+    // 46, 42, 47, 49): the tensor pipe busy during the other consumer's softmax (ncu at D = 128 N = 512: 47%
+    // against cuDNN's 61%; FA3's ablation +10-15% at D = 128). Measured: no gain on the persistent grid, up to
+    // -10% (ws_ping_pong has the figures; results/sweeps/2026-11-29-h200-s29-ws-ping-pong.md).
+    {64, 192, 112, 16, 4, F kWs | F kWsPingPong, 1, "D = 64's tile, ping-pong of three consumers: +5-15% (softmax is the largest share of a tile at D = 64)"},
+    {96, 128, 128, 12, 3, F kWs | F kWsPingPong, 1, "D = 96's tile, ping-pong: +5-15%"},
+    {128, 128, 128, 12, 3, F kWs | F kWsPingPong, 1, "D = 128's tile, ping-pong: +5-15% (FA3: +10-15%)"},
+    {64, 192, 112, 16, 4, F kWs | F kWsSingle | F kWsPingPong, 1, "D = 64, one CTA per tile (long causal launches), ping-pong"},
+    {128, 128, 128, 12, 3, F kWs | F kWsSingle | F kWsPingPong, 1, "D = 128, one CTA per tile (long causal launches), ping-pong"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsPingPong, 1, "D = 192's long tile, ping-pong (FA3 does not: P V is the larger share there): +-5%"},
+    {192, 128, 64, 12, 3, F kWs | F kWsSplit | F kWsSingle | F kWsPingPong, 1, "D = 192's short tile, ping-pong: +-5%"},
+    {256, 128, 64, 12, 2, F kWs | F kWsSplit | F kWsSingle | F kWsPingPong, 1, "D = 256, ping-pong: +-5%"},
+    // Session 29, the persistent grid's memory traffic (ncu at D = 128 N = 512, B·H = 1024: DRAM 735 MB against
+    // cuDNN's 525, the least possible, and 1.5x its L2 throughput): the epilogue's 16-byte stores of whole sectors
+    // (kWsWide) and the schedule of one pair's query tiles on neighbouring CTAs (kWsLocal), against rows 24, 34,
+    // 26, 42 and 33 (D = 256 persistent: 5-11% behind one CTA per tile, the epilogue the suspect). Measured: the
+    // 16-byte stores +4-17% at N <= 1024 and 2-9% slower from 2048 (taken there: ws_short_block_n), the local
+    // order up to 30% slower causal (not taken: WsTraits::kLocalOrder); rows 70 / 71 the stores alone.
+    {64, 192, 112, 16, 4, F kWs | F kWsLocal, 1, "D = 64, local order: +0-10% at N <= 2048 if K / V refetched from DRAM cost that"},
+    {64, 192, 112, 16, 4, F kWs | F kWsWide, 1, "D = 64, 16-byte stores: +0-3% (the epilogue is 1/Nk-tiles of a tile)"},
+    {64, 192, 112, 16, 4, F kWs | F kWsWide | F kWsLocal, 1, "D = 64, both"},
+    {96, 128, 128, 12, 3, F kWs | F kWsWide | F kWsLocal, 1, "D = 96, both"},
+    {128, 128, 128, 12, 3, F kWs | F kWsLocal, 1, "D = 128, local order: +0-10% at N <= 2048"},
+    {128, 128, 128, 12, 3, F kWs | F kWsWide, 1, "D = 128, 16-byte stores: +0-3%"},
+    {128, 128, 128, 12, 3, F kWs | F kWsWide | F kWsLocal, 1, "D = 128, both"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsWide | F kWsLocal, 1, "D = 192's long tile, both"},
+    {256, 128, 64, 12, 2, F kWs | F kWsSplit | F kWsWide, 1, "D = 256 persistent, 16-byte stores: closes the 5-11% to one CTA per tile if the epilogue is it"},
+    {256, 128, 64, 12, 2, F kWs | F kWsSplit | F kWsWide | F kWsLocal, 1, "D = 256 persistent, both"},
+    {96, 128, 128, 12, 3, F kWs | F kWsWide, 1, "D = 96, 16-byte stores alone"},
+    {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsWide, 1, "D = 192's long tile, 16-byte stores alone"},
 #undef F
 };
 // clang-format on
@@ -129,7 +166,10 @@ using SweepTraits = std::conditional_t<kSweepWs<I>,
                                        flash_fwd_sm90::WsTraits<kSweep[I].head_dim, kSweep[I].block_n, kSweep[I].block_m / 64,
                                                                 (kSweep[I].flags & sweep_flags::kWsSplit) != 0,
                                                                 (kSweep[I].flags & sweep_flags::kWsSingle) == 0,
-                                                                (kSweep[I].flags & sweep_flags::kWsDynamic) != 0>,
+                                                                (kSweep[I].flags & sweep_flags::kWsDynamic) != 0,
+                                                                (kSweep[I].flags & sweep_flags::kWsPingPong) != 0,
+                                                                (kSweep[I].flags & sweep_flags::kWsWide) != 0,
+                                                                (kSweep[I].flags & sweep_flags::kWsLocal) != 0>,
                                        Traits<kSweep[I].head_dim, SweepCfg<I>>>;
 
 // The registry of the sweep build: sweep/flash_fwd_sweep.cu registers each variant it instantiates
