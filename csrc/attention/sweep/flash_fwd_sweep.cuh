@@ -150,6 +150,14 @@ constexpr SweepVariant kSweep[] = {
     {256, 128, 64, 12, 2, F kWs | F kWsSplit | F kWsWide | F kWsLocal, 1, "D = 256 persistent, both"},
     {96, 128, 128, 12, 3, F kWs | F kWsWide, 1, "D = 96, 16-byte stores alone"},
     {192, 128, 112, 12, 2, F kWs | F kWsSplit | F kWsWide, 1, "D = 192's long tile, 16-byte stores alone"},
+    // Session 29, cuDNN's L2 traffic (ncu at D = 128 N = 512: it reads 0.82 GB from L2 where we read 1.21, about
+    // 2.7 passes over each head's K and V to our 4, as 192-row query tiles make): three consumers at D = 128, 64 keys
+    // (160 registers: S 32 + P 16 + O 64), against rows 65 / 26; D = 96 likewise. Measured (H200, results/sweeps/
+    // 2026-11-29-h200-s29-ws-three-consumers-d96-d128.md): D = 128 12-25% slower than 128 x 128 at every N (causal
+    // too), D = 96 9-17%: the doubled key tiles (softmax rounds, waits) cost more than the L2 reads saved.
+    {128, 192, 64, 16, 4, F kWs | F kWsWide, 1, "D = 128, 192 x 64, 16-byte stores: a third less K / V read from L2 at N <= 1024, twice the key tiles"},
+    {128, 192, 64, 16, 4, F kWs, 1, "D = 128, 192 x 64 (for N >= 2048)"},
+    {96, 192, 64, 16, 4, F kWs | F kWsWide, 1, "D = 96, 192 x 64, 16-byte stores (row 37 with them), against rows 70 / 34"},
 #undef F
 };
 // clang-format on
