@@ -151,7 +151,7 @@ struct WsTraits {
   static constexpr bool kDynamic = kDynamic_;
   static constexpr bool kPingPong = kPingPong_;  // ws_ping_pong
   static constexpr bool kWideStore = kWideStore_;  // ws_short_block_n
-  static constexpr bool kLocalOrder = kLocalOrder_;  // (above ws_short_block_n)
+  static constexpr bool kLocalOrder = kLocalOrder_;  // sweep rows only (the comment above WsTraits)
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kConsumerThreads = kConsumers * 128;
   static constexpr int kBlockM = 64 * kConsumers;
