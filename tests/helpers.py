@@ -279,9 +279,9 @@ def cuda_include() -> pathlib.Path | None:
     return None
 
 
-def build_attention_emulator(name: str, out_dir: pathlib.Path) -> pathlib.Path:
-    """Build tests/emulation/<name>.cpp (an attention kernel, compiled unchanged for the host) into
-    out_dir; pytest.skip without g++ or the CUDA headers."""
+def build_attention_emulator(name: str, out_dir: pathlib.Path, defines: tuple = ()) -> pathlib.Path:
+    """Build tests/emulation/<name>.cpp (an attention kernel, compiled unchanged for the host, with
+    `defines` as -D flags) into out_dir; pytest.skip without g++ or the CUDA headers."""
     import pytest
     cxx = shutil.which("g++")
     include = cuda_include()
@@ -289,7 +289,8 @@ def build_attention_emulator(name: str, out_dir: pathlib.Path) -> pathlib.Path:
         pytest.skip("the kernel emulator needs g++ and the CUDA headers")
     exe = out_dir / name
     cmd = [cxx, "-std=c++17", "-O1", "-Wno-attributes", f"-I{include}", f"-I{ROOT / 'csrc'}",
-           "-DTILED_ATTN_EMULATION", str(ROOT / "tests" / "emulation" / f"{name}.cpp"), "-o", str(exe)]
+           "-DTILED_ATTN_EMULATION", *(f"-D{d}" for d in defines), str(ROOT / "tests" / "emulation" / f"{name}.cpp"),
+           "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{r.stderr[-4000:]}"
     return exe

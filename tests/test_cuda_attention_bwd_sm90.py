@@ -1,11 +1,13 @@
 """The wgmma attention backward (csrc/attention/sm90/flash_bwd_sm90_kernel.cuh, sm_90a) on a machine
 without a GPU: the kernel, unchanged, runs in tests/emulation/flash_bwd_sm90_emulator.cpp (every CUDA
-thread a CPU fiber; wgmma with MN-major A and N = 32, mbarrier phases, TMA boxes, named barriers,
-red.global.add and the shared-memory race / proxy checks emulated from the PTX ISA: sm90_emu.h,
+thread a CPU fiber; wgmma with MN-major A and N = 32, mbarrier phases, TMA boxes and reduce-adds, named
+barriers (bar.sync / bar.arrive: the dQ writer warp's hand-off), setmaxnreg's register pool, and the
+shared-memory race / proxy checks emulated from the PTX ISA: sm90_emu.h,
 emu_common.h) through its entry attention_bwd_sm90, against a float64 reference of dq (from the
 dq_accum it adds to), dk and dv on ragged sizes, causal offsets (rows with no key), GQA / MQA and a
 negative scale; every dk / dv element written, nothing written outside them. A few seconds per head dim.
-The emulator's own test: two planted synchronization bugs fail it.
+The shipped kernel (the dQ writer warp) and its A/B variant without it (TILED_ATTN_BWD_DQ_WRITER=0).
+The emulator's own test: planted synchronization bugs fail it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ def emulator(tmp_path_factory) -> pathlib.Path:
     return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd"))
 
 
+@pytest.fixture(scope="module")
+def emulator_no_writer(tmp_path_factory) -> pathlib.Path:
+    return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd_nw"),
+                                    defines=("TILED_ATTN_BWD_DQ_WRITER=0",))
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_backward_kernel_in_the_emulator(emulator, head_dim):
     """Eight cases per tile: block_m 64, and at D = 64 also 128; two more with float32 dK / dV
@@ -53,15 +61,29 @@ def test_backward_kernel_in_the_emulator(emulator, head_dim):
         assert len(re.findall(r"^ok   D=\s*64 bm=128 ", out, re.M)) == 12, out[-3000:]
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_backward_kernel_without_the_dq_writer_in_the_emulator(emulator_no_writer, head_dim):
+    """The A/B variant kept beside the shipped kernel (BwdTraits::kDqWriter false: each consumer
+    issues its own reduce-adds), on the same cases."""
+    out = run_attention_emulator(emulator_no_writer, head_dim, timeout=1200)
+    runs = (16 if head_dim == 64 else 8) + 4
+    assert re.search(rf"^0 of {runs} cases failed$", out, re.M), out[-3000:]
+
+
 # A planted bug and what the emulator must report for it. short_count: the slot-release mbarriers count
 # one consumer warpgroup (128 arrivals) too few, so the producer refills a Q / dO slot the lagging
 # consumer's wgmmas still read. short_named: the named barrier releases one consumer alone, whose dQ
 # wgmma then reads dS rows the other has not stored. no_bulk_wait: cp.async.bulk.wait_group.read
-# returns at once, so a consumer rewrites its dQ buffer while the last tile's reduce-add may still read it.
+# returns at once, so the writer hands a dQ buffer back while its reduce-add may still read it.
+# drop_arrive: every bar.arrive is lost (the dQ hand-off never reaches the writer warp, nor the
+# buffer's release the consumer). greedy_inc: every setmaxnreg.inc asks for 8 registers past the
+# launch's allocation (a hang on the GPU).
 MUTATIONS = {
     "short_count": r"deadlock|before .* waited|overwrites|lands on",
     "short_named": r"never written|no __syncthreads|overwrites|changed while",
     "no_bulk_wait": r"overwrites the source of a bulk reduce-add|exited with a bulk reduce-add",
+    "drop_arrive": r"deadlock",
+    "greedy_inc": r"deadlock",
 }
 
 

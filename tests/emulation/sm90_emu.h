@@ -105,11 +105,15 @@ std::mt19937 g_tma_rng(99);
 // named, how many phases completed.
 struct NamedBarrier {
   int arrived = 0, threads = 0;
-  bool arrive_only = false;  // a bar.arrive counted in the running phase (named_barrier_count)
   long generation = 0;
   std::vector<int> waiters;
 };
 NamedBarrier g_named[16];
+// setmaxnreg's register pool (setmaxnreg below).
+int g_reg_pool = 0;                 // registers a dec returned and no inc has taken, per CTA
+std::vector<int> g_wg_regs;         // per warpgroup: its threads' count now
+std::vector<int> g_wg_inc_waiting;  // per warpgroup: the count its pending inc asks for (0: none)
+std::vector<int> g_reg_waiters;     // threads blocked in an inc
 
 // A barrier is no place for uncommitted wgmma ops (a commit_group after it would not cover them).
 inline void check_no_open_wgmma(const std::string& barrier) {
@@ -121,6 +125,10 @@ void on_barrier() { check_no_open_wgmma("__syncthreads"); }
 void on_block_start(int threads) {
   g_wg.assign(threads, WgState{});
   g_warpgroups.assign(threads / 128, Collective::make(128));
+  g_reg_pool = 0;
+  g_wg_regs.assign(threads / 128, std::min(255, 65536 / threads / 8 * 8));
+  g_wg_inc_waiting.assign(threads / 128, 0);
+  g_reg_waiters.clear();
   g_wg_made.assign(threads / 128, nullptr);
   g_mbars.clear();
   g_observed.assign(threads, {});
@@ -578,8 +586,11 @@ const bool g_mutate_no_bulk_wait = [] {
   return m != nullptr && std::string(m) == "no_bulk_wait";
 }();
 void bulk_wait_group_read(int n) {
+  if (g_mutate_no_bulk_wait) n = std::max(n, static_cast<int>(cur_wg().bulk_groups.size()));
+  // The reads happen as late as the wait allows: other threads run first (what the thread did since
+  // its issue, e.g. a hand-over of the source, takes effect before the reduce has read it).
+  if (static_cast<int>(cur_wg().bulk_groups.size()) > n) yield_now();
   WgState& me = cur_wg();
-  if (g_mutate_no_bulk_wait) n = std::max(n, static_cast<int>(me.bulk_groups.size()));
   while (static_cast<int>(me.bulk_groups.size()) > n) {
     for (const WgState::BulkOp& op : me.bulk_groups.front()) {
       for (const auto& [a, dst] : op) {
@@ -594,13 +605,50 @@ void bulk_wait_group_read(int n) {
   yield_now();
 }
 
-// setmaxnreg: all 128 threads of the warpgroup take part (.sync.aligned); the budget itself is the
-// compiler's business (ptxas -v in .ci/compile_csrc.sh).
+// setmaxnreg: all 128 threads of the warpgroup take part (.sync.aligned); which registers the code
+// needs is the compiler's business (ptxas -v in .ci/compile_csrc.sh). The counts move registers within
+// the CTA's launch allocation, which __launch_bounds__(threads, 1) makes 64 K / threads rounded down to
+// 8 a thread (168 at 384 threads; the kernels compile to that cap): a dec returns registers to the
+// CTA's pool, an inc waits until the pool holds what it asks for. An inc no dec can satisfy hangs on
+// the GPU (it did: session 30, 32 + 2 x 240 at 384 threads) and deadlocks here.
+// A deliberate bug for the backward emulator's own test: with TILED_ATTN_EMU_MUTATE=greedy_inc every
+// inc asks for 8 registers more than the kernel's count (past the launch allocation: a deadlock here).
+const bool g_mutate_greedy_inc = [] {
+  const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
+  return m != nullptr && std::string(m) == "greedy_inc";
+}();
 void setmaxnreg(int regs, bool inc) {
+  if (inc && g_mutate_greedy_inc) regs += 8;
   if (regs < 24 || regs > 256 || regs % 8) fail("setmaxnreg: count not a multiple of 8 in [24, 256]");
   const int wg = cur().tid / 128;
   collective(g_warpgroups[wg], wg * 128, 128, std::string("setmaxnreg.") + (inc ? "inc " : "dec ") + std::to_string(regs),
-             [](Collective&) {});
+             [&](Collective&) {
+               if (inc ? regs < g_wg_regs[wg] : regs > g_wg_regs[wg])
+                 fail("setmaxnreg." + std::string(inc ? "inc" : "dec") + " " + std::to_string(regs) + " from " +
+                      std::to_string(g_wg_regs[wg]) + ": the wrong direction");
+               if (inc) {
+                 g_wg_inc_waiting[wg] = regs;
+               } else {
+                 g_reg_pool += (g_wg_regs[wg] - regs) * 128;
+                 g_wg_regs[wg] = regs;
+                 for (int t : g_reg_waiters) g_fibers[t].blocked = false;
+                 g_reg_waiters.clear();
+               }
+             });
+  if (!inc) return;
+  // Every thread of the warpgroup waits until the pool grants the warpgroup's inc (the first to see
+  // enough takes it for all).
+  while (g_wg_inc_waiting[wg] != 0) {
+    const int need = (g_wg_inc_waiting[wg] - g_wg_regs[wg]) * 128;
+    if (g_reg_pool >= need) {
+      g_reg_pool -= need;
+      g_wg_regs[wg] = g_wg_inc_waiting[wg];
+      g_wg_inc_waiting[wg] = 0;
+      break;
+    }
+    g_reg_waiters.push_back(cur().tid);
+    yield_blocked();
+  }
 }
 
 // ---------------------------------------------------------------- named barriers
@@ -616,11 +664,13 @@ const bool g_mutate_short_named = [] {
   const char* m = std::getenv("TILED_ATTN_EMU_MUTATE");
   return m != nullptr && std::string(m) == "short_named";
 }();
-// bar.arrive id, threads (the forward's consumer ping-pong): counts the thread into the phase and goes
-// on. A phase that an arrive took part in passes no data here (the kernels hand over the tensor cores
-// with it, nothing else), so its completion does not advance g_epoch: the hazard checks stay as strict
-// as without it. A phase completed by arrivals alone (no thread waiting in it) is a failure: an arrive
-// overran the bar.sync it was meant for (the hardware would start the next phase with the surplus).
+// bar.arrive id, threads (the forward's consumer ping-pong, the backward's dQ hand-off): counts the
+// thread into the phase and goes on. PTX's memory model has a bar.arrive synchronize with the bar.sync
+// of its phase, so the arriving threads' earlier accesses are ordered before the waiting threads' later
+// ones: the phase's completion advances g_epoch as a bar.sync's does (weaker than the hardware's one-way
+// order, as above: it also orders the waiters' earlier accesses before the arrivers' later ones). A
+// phase completed by arrivals alone (no thread waiting in it) is a failure: an arrive overran the
+// bar.sync it was meant for (the hardware would start the next phase with the surplus).
 // A deliberate bug for the forward emulator's own test: with TILED_ATTN_EMU_MUTATE=drop_arrive every
 // bar.arrive is lost (a ping-pong whose hand-over never reaches the next consumer must deadlock here).
 const bool g_mutate_drop_arrive = [] {
@@ -640,13 +690,11 @@ void named_barrier_count(int id, int threads, bool wait) {
   if (b.arrived && b.threads != threads)
     fail(what + ": threads of one phase name different counts (" + std::to_string(b.threads) + ")");
   b.threads = threads;
-  if (!wait) b.arrive_only = true;
   const long gen = b.generation;
   if (++b.arrived == threads) {
     if (!wait && b.waiters.empty()) fail(what + ": arrivals alone completed the phase (no thread waits in it)");
-    if (!b.arrive_only) ++g_epoch;
+    ++g_epoch;
     b.arrived = 0;
-    b.arrive_only = false;
     ++b.generation;
     for (int t : b.waiters) g_fibers[t].blocked = false;
     b.waiters.clear();
@@ -674,6 +722,10 @@ namespace tiled_attn {
 namespace flash_fwd_sm90 {
 inline void fence_proxy_async() { emu::proxy_fence(); }
 inline void st_shared_b32(uint32_t addr, uint32_t v) { emu::st_shared(addr, &v, 4); }
+inline void st_shared_f32x2(uint32_t addr, float a, float b) {
+  const float v[2] = {a, b};
+  emu::st_shared(addr, v, 8);
+}
 inline void st_shared_f32x4(uint32_t addr, float a, float b, float c, float d) {
   const float v[4] = {a, b, c, d};
   emu::st_shared(addr, v, 16);

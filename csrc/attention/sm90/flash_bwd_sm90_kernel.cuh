@@ -6,7 +6,8 @@
 // accumulator by TMA reduce-adds from shared memory (atomic adds at L2: the default backward's dQ;
 // deterministic=True keeps the Triton pass).
 //   warpgroup 0, the producer: one thread loads K and V once (TMA, one mbarrier), then Q and dO of
-//     each query tile into a kStages ring ("full" / "empty" mbarriers per slot, as in the forward).
+//     each query tile into a kStages ring ("full" / "empty" mbarriers per slot, as in the forward);
+//     its warp 1, the dQ writer, issues the consumers' dQ reduce-adds (below).
 //   warpgroups 1 and 2, the consumers: 64 keys each (rows 64cw.. of the K / V tile). Per query tile:
 //     Sᵀ  = K Qᵀ      wgmma SS (A = K, B = Q: both K-major)                 64 keys x kBlockM queries
 //     dPᵀ = V dOᵀ     wgmma SS (A = V, B = dO)
@@ -17,9 +18,11 @@
 //     dQ  = dS K      wgmma SS (A = dS from shared memory, MN-major; B = K MN-major) over all 128 keys
 //                     of the CTA: 64 query rows x D / 2 columns per consumer (kBlockM = 64), or its
 //                     64 rows x D (kBlockM = 128)
-//   then dQ into this consumer's dQ buffer in shared memory and, once the consumer's 128 threads
-//   met at their own named barrier, one thread's TMA reduce-add of it into the accumulator
-//   (cp.reduce.async.bulk.tensor, 64 rows x 32 columns a box). Computing Sᵀ and dPᵀ (keys as the wgmma's
+//   then dQ into this consumer's dQ buffer in shared memory, 8 bytes a lane as the accumulator holds
+//   it, and a bar.arrive: the writer warp, waiting there (bar.sync), issues the TMA reduce-add of it
+//   into the accumulator (cp.reduce.async.bulk.tensor, 64 rows x 32 columns a box) and, once the
+//   reduce has read the buffer, arrives at the consumer's "dQ empty" barrier, where the consumer waits
+//   before its next tile's stores (FA3's dQ hand-off). Computing Sᵀ and dPᵀ (keys as the wgmma's
 //   M) puts Pᵀ and dSᵀ in the accumulator layout that is exactly the register A fragment of the dV
 //   and dK products (flash_fwd_sm90_kernel.cuh pack_p), so neither goes through shared memory; only
 //   dS does, for dQ, which needs all 128 keys: both consumers store their dSᵀ rows (64 keys each) into
@@ -30,10 +33,13 @@
 // Why dQ goes through shared memory: red.global.add.v4 from every thread (2048 16-byte requests a
 // tile at D = 128) kept L2 71% busy and the tensor pipe at 42% (ncu, H100, 2026-11-28); a TMA
 // reduce-add is a few bulk requests, issued by one thread, that the MMA warps do not wait for (L2
-// 44% busy after, ncu on an H200; the whole backward 1.06-1.12x faster at D = 128 there). A
-// consumer's buffer is rewritten one tile later: its issuing thread waits for the previous reduce
-// to have read it (bulk wait_group.read) before the consumers' dS barrier, which every writer passes
-// after it.
+// 44% busy after, ncu on an H200; the whole backward 1.06-1.12x faster at D = 128 there).
+// Why a writer warp: before it (kDqWriter false), each consumer paired lanes for 16-byte stores, met
+// its own 128 threads at a named barrier and issued the reduce itself; that hand-off held 23% of the
+// warp-stall samples (ncu source counters, H200, session 29). With the writer the consumers store and
+// go on: the whole backward 1.10-1.13x faster at D = 128 and 1.13-1.18x at D = 64 (H200, session 30,
+// benchmarks/results/2026-11-29-h200-s30-tune-cuda-bwd-dq-writer.txt; ncu D = 128 N = 4096: 3.09 ->
+// 2.62 ms, tensor pipe 45.9 -> 54.2%, short-scoreboard stalls 1.46 -> 0.73 cycles an instruction).
 // Why the two dS buffers suffice: a consumer writes buffer it % 2 after it waited for its own dQ
 // product of tile it − 2, and the barrier of tile it − 1 (which both passed) came after the other
 // consumer's wait for that product.
@@ -56,7 +62,11 @@ namespace flash_fwd_sm90 {
 
 // kBlockM: query rows per step, 64, or 128 (D = 64 only: Sᵀ and dPᵀ take 64 registers each). With 64
 // rows the two consumers split dQ by columns (D / 2 each), with 128 by rows (64 each, all D columns).
-template <int kHeadDim_, int kBlockM_ = 64>
+#ifndef TILED_ATTN_BWD_DQ_WRITER
+#define TILED_ATTN_BWD_DQ_WRITER 1
+#endif
+
+template <int kHeadDim_, int kBlockM_ = 64, bool kDqWriter_ = TILED_ATTN_BWD_DQ_WRITER>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = 128;  // keys per CTA: two consumers of 64 (wgmma's M)
@@ -98,6 +108,12 @@ struct BwdTraits {
   // with kBlockM = 128), but measured 10-18% slower there, issued after the dQ product or before
   // waiting for it (H200, benchmarks/results/2026-11-29-h200-s26-tune-cuda-bwd-early-s.txt).
   static constexpr bool kEarly = kHeadDim <= 64 && kBlockM == 64;
+  // dQ's hand-off (the comment at the top): a writer warp of the producer warpgroup issues the
+  // reduce-adds, the consumers store 8 bytes a lane and go on (bar.arrive); or (false, measured slower,
+  // kept for A/B runs: -DTILED_ATTN_BWD_DQ_WRITER=0) each consumer pairs lanes for 16-byte stores,
+  // meets its own 128 threads and issues its reduce itself.
+  static constexpr bool kDqWriter = kDqWriter_;
+  static constexpr int kHandOffThreads = 128 + kWarpSize;  // a consumer and the writer warp
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
@@ -107,7 +123,11 @@ struct BwdTraits {
   static_assert(kDqBytes == kConsumers * kDqBoxes * kDqBoxBytes, "dQ's buffer is the consumers' boxes");
   static_assert(kStages >= 2, "one slot loading while one is computed");
   static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "the register file");
+  // setmaxnreg moves registers within what the launch gave the CTA (its threads x the per-thread count
+  // ptxas allocates under __launch_bounds__(kThreads, 1): 168 at 384 threads), not the whole file: an
+  // inc past it waits forever (a hang on the H200, session 30, with 32 + 240).
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kThreads / 8 * 8 * kThreads,
+                "the registers the launch allocates");
 };
 
 // What a CTA computes: its keys [n0, n0 + kBlockN) of one (batch, kv head), and the query tiles that
@@ -163,6 +183,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t bar_kv = sBar;
   auto full = [&](int s) { return sBar + 8u * (1 + s); };
   auto empty = [&](int s) { return sBar + 8u * (1 + Tr::kStages + s); };
+  // Named barriers: 1 both consumers (dS); per consumer c its dQ hand-off (kDqWriter), or its own 128
+  // threads before its reduce (dq_full(c) alone).
+  auto dq_full = [](int c) { return 2 + c; };
+  auto dq_empty = [](int c) { return 2 + Tr::kConsumers + c; };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -201,6 +225,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           tma_load_4d(sQ + s * Tr::kQBytes + b * Tr::kBlockM * 128, &maps.q, full(s), 64 * b, m0, head, cta.batch);
           tma_load_4d(sDO + s * Tr::kQBytes + b * Tr::kBlockM * 128, &maps.dout, full(s), 64 * b, m0, head,
                       cta.batch);
+        }
+      }
+    } else if (Tr::kDqWriter && tid / kWarpSize == 1) {
+      // ---- the dQ writer: consumer c's buffer is "full" at barrier dq_full(c) (its 128 threads arrive
+      // after their stores, this warp waits) and "empty" at dq_empty(c) (this warp arrives once the
+      // reduce has read it, the consumer waits before its next stores). Both buffers start empty.
+      // It walks the query tiles as the consumers do (cta.head, cta.m0). Only the dQ buffers pass
+      // through the hand-off, read by the reduce (the async proxy, after the consumers' proxy fence):
+      // the tile's coordinates posted in shared memory by a consumer instead made compute-sanitizer's
+      // racecheck report its generic store and this warp's load, ordered by bar.arrive -> bar.sync
+      // alone, as hazards (H200, session 30).
+      const bool leader = tid == kWarpSize;
+      if (cta.n_iters > 0) {
+#pragma unroll
+        for (int c = 0; c < Tr::kConsumers; ++c) named_barrier_arrive(dq_empty(c), Tr::kHandOffThreads);
+      }
+      for (int it = 0; it < cta.n_iters; ++it) {
+        const int head = cta.head(p, it), m0 = cta.m0(it);
+#pragma unroll
+        for (int c = 0; c < Tr::kConsumers; ++c) {
+          named_barrier_sync(dq_full(c), Tr::kHandOffThreads);
+          if (leader) {
+            // Rows past Nq are outside the map: the reduce skips them.
+            const int col0 = Tr::kDqByRows ? 0 : c * Tr::kDqCols, row0 = Tr::kDqByRows ? c * 64 : 0;
+#pragma unroll
+            for (int b = 0; b < Tr::kDqBoxes; ++b)
+              tma_reduce_add_4d(&maps.dq, sDQ + (c * Tr::kDqBoxes + b) * Tr::kDqBoxBytes, col0 + 32 * b, m0 + row0,
+                                head, cta.batch);
+            bulk_commit_group();
+          }
+        }
+        // Both reduces have read their buffers (also before the CTA's shared memory goes away).
+        if (leader) bulk_wait_group_read<0>();
+        __syncwarp();
+        if (it + 1 < cta.n_iters) {
+#pragma unroll
+          for (int c = 0; c < Tr::kConsumers; ++c) named_barrier_arrive(dq_empty(c), Tr::kHandOffThreads);
         }
       }
     }
@@ -350,7 +411,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         st_shared_b32(ds + swizzled_offset<Tr::kBlockN>(key_row + 8 * (r % 2), 2 * kk + r / 2) + 4 * t, da[kk][r]);
     if (prefetch) stage(it + 1, next);
     fence_proxy_async();
-    if (it > 0 && ct % 128 == 0) bulk_wait_group_read<0>();  // the last tile's dQ boxes were read
+    if (!Tr::kDqWriter && it > 0 && ct % 128 == 0) bulk_wait_group_read<0>();  // the last tile's dQ boxes were read
     named_barrier_sync(1, Tr::kConsumerThreads);  // both consumers' 64 keys of dS (and the next lse) are in
 
     float dq[Tr::kDqRegs];
@@ -371,37 +432,54 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 
     // dQ: register i is query m0 + dq_row0 + 16·warp + g + 8·((i / 2) % 2), column dq_col0 + 8·(i / 4)
-    // + 2t (+1).
-    // Lanes t and t ^ 1 swap a pair so that each holds four adjacent columns of one row (even t: row
-    // g, columns 8j + 2t..+3; odd t: row g + 8, columns 8j + 2t − 2..+1): one 16-byte store, into
-    // box c / 32 of this consumer's buffer at row r, 16-byte chunk (c % 32) / 4 XOR r % 8 (the
-    // 128-byte swizzle the map reads it with; rows r and r + 8 share a bank group: two-way conflicts).
-    const bool odd = t & 1;
-    const int r = warp * 16 + g + (odd ? 8 : 0);
+    // + 2t (+1), into box c / 32 of this consumer's buffer at row r, 16-byte chunk (c % 32) / 4 XOR r % 8
+    // (the 128-byte swizzle the map reads it with).
     const uint32_t dq_buf = sDQ + cw * Tr::kDqBoxes * Tr::kDqBoxBytes;
-    // Column 8j + 2(t & ~1) is chunk 2(j % 4) + t / 2 of box j / 4: the chunk's XOR with r % 8 is
-    // 2(j % 4) XORed into this thread's chunk of j = 0.
-    const uint32_t dq_at = dq_buf + r * 128 + (((t >> 1) ^ (r % 8)) * 16);
+    if constexpr (Tr::kDqWriter) {
+      // Each register pair as it lies, 8 bytes a lane: a warp's store is 8 rows x 32 bytes, rows g and
+      // g ^ 1 on the same two chunks, so two wavefronts (256 bytes), no cross-lane pairing.
+      // Column 8j + 2t is chunk 2(j % 4) + t / 2 of box j / 4, byte 8(t % 2): XORed with the row's
+      // r % 8 = g, the chunk is 2(j % 4) XORed into this thread's chunk of j = 0.
+      const uint32_t dq_at = dq_buf + (warp * 16 + g) * 128 + (((t >> 1) ^ g) * 16) + 8 * (t & 1);
+      named_barrier_sync(dq_empty(cw), Tr::kHandOffThreads);  // the writer's reduce has read the buffer
 #pragma unroll
-    for (int j = 0; j < Tr::kDqRegs / 4; ++j) {
-      const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
-      const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
-      const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes;
-      if (odd) st_shared_f32x4(a, x, y, dq[4 * j + 2], dq[4 * j + 3]);
-      else st_shared_f32x4(a, dq[4 * j], dq[4 * j + 1], x, y);
-    }
-    fence_proxy_async();
-    named_barrier_sync(2 + cw, 128);  // this consumer's dQ is in its buffer
-    if (ct % 128 == 0) {
-      // Rows past Nq are outside the map: the reduce skips them.
+      for (int i = 0; i < Tr::kDqRegs; i += 2) {
+        const int j = i / 4;  // row + 8 for (i / 2) % 2
+        const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes + ((i / 2) % 2) * 8 * 128;
+        st_shared_f32x2(a, dq[i], dq[i + 1]);
+      }
+      fence_proxy_async();
+      named_barrier_arrive(dq_full(cw), Tr::kHandOffThreads);  // the writer warp takes it from here
+    } else {
+      // Lanes t and t ^ 1 swap a pair so that each holds four adjacent columns of one row (even t: row
+      // g, columns 8j + 2t..+3; odd t: row g + 8, columns 8j + 2t − 2..+1): one 16-byte store (rows r
+      // and r + 8 share a bank group: two-way conflicts).
+      const bool odd = t & 1;
+      const int r = warp * 16 + g + (odd ? 8 : 0);
+      // Column 8j + 2(t & ~1) is chunk 2(j % 4) + t / 2 of box j / 4: the chunk's XOR with r % 8 is
+      // 2(j % 4) XORed into this thread's chunk of j = 0.
+      const uint32_t dq_at = dq_buf + r * 128 + (((t >> 1) ^ (r % 8)) * 16);
 #pragma unroll
-      for (int b = 0; b < Tr::kDqBoxes; ++b)
-        tma_reduce_add_4d(&maps.dq, dq_buf + b * Tr::kDqBoxBytes, dq_col0 + 32 * b, m0 + dq_row0, head, cta.batch);
-      bulk_commit_group();
+      for (int j = 0; j < Tr::kDqRegs / 4; ++j) {
+        const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+        const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
+        const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes;
+        if (odd) st_shared_f32x4(a, x, y, dq[4 * j + 2], dq[4 * j + 3]);
+        else st_shared_f32x4(a, dq[4 * j], dq[4 * j + 1], x, y);
+      }
+      fence_proxy_async();
+      named_barrier_sync(dq_full(cw), 128);  // this consumer's dQ is in its buffer
+      if (ct % 128 == 0) {
+        // Rows past Nq are outside the map: the reduce skips them.
+#pragma unroll
+        for (int b = 0; b < Tr::kDqBoxes; ++b)
+          tma_reduce_add_4d(&maps.dq, dq_buf + b * Tr::kDqBoxBytes, dq_col0 + 32 * b, m0 + dq_row0, head, cta.batch);
+        bulk_commit_group();
+      }
     }
   }
   // The last reduce has read its buffer before the CTA's shared memory goes away.
-  if (ct % 128 == 0) bulk_wait_group_read<0>();
+  if (!Tr::kDqWriter && ct % 128 == 0) bulk_wait_group_read<0>();
 
   // dV and dK (scaled) of this thread's two keys, stores of two adjacent columns: 4 bytes in T, or 8
   // in float32 (dkv_f32: a partial the caller sums, e.g. one block of the context-parallel ring, where

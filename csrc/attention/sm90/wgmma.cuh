@@ -57,6 +57,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 __device__ __forceinline__ void st_shared_f32x4(uint32_t addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
@@ -70,13 +73,15 @@ __device__ __forceinline__ uint4 ld_shared_b128(uint32_t addr) {
 }
 
 // bar.sync on a named barrier (1..15; 0 is __syncthreads') for `threads` threads (a multiple of 32):
-// the backward's two consumer warpgroups meet there without the producer warp, which has exited, and
-// each consumer alone before its dQ reduce-add.
+// the backward's two consumer warpgroups meet there without the producer warpgroup, and each consumer
+// with the dQ writer warp.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // bar.arrive: counts this warp's threads into the barrier's phase without waiting for it (the forward's
-// consumer ping-pong: a warpgroup hands the tensor cores on to the next one, whose bar.sync waits).
+// consumer ping-pong: a warpgroup hands the tensor cores on to the next one, whose bar.sync waits; the
+// backward's dQ hand-off). PTX memory model: a bar.arrive synchronizes with the bar.sync that completes
+// its phase, so this thread's earlier shared-memory writes are visible to the threads waiting there.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
