@@ -82,6 +82,9 @@ unsigned char* const g_dyn = tiled_attn::EMU_KERNEL_NAMESPACE::smem_raw;
 uint32_t g_base = 0;   // shared-space address of smem_raw[0] this launch (16-byte aligned, < 1024)
 int g_smem_bytes = 0;  // this launch's dynamic shared memory
 int g_epoch = 0;       // __syncthreads completed in this block
+// Barrier phases completed, counting those a bar.arrive took part in (sm90_emu.h): what orders a
+// generic write before the async proxy's read of it (a bulk reduce-add after the writer's proxy fence).
+int g_release_epoch = 0;
 
 // Host pointer of a shared address (checked against the allocation).
 inline unsigned char* host(uint32_t addr, int bytes, const char* what) {
@@ -100,6 +103,7 @@ inline uint32_t smem_addr(const void* p) {
 // Per shared-memory byte: hazard bookkeeping.
 struct ByteState {
   int write_epoch = -1, writer_warp = -1, writer_tid = -1;  // last completed write
+  int write_release = -1;      // g_release_epoch at that write
   bool async_write = false;    // by cp.async: visible to any thread only after a barrier
   bool proxy_visible = false;  // the writer ran fence.proxy.async after the write (wgmma may read it)
   int read_epoch = -1, reader_warp = -1;  // last generic read (-2: several warps, or a warpgroup's wgmma)
@@ -223,6 +227,7 @@ inline void record_write(uint32_t addr, int bytes, bool async) {
   for (int i = 0; i < bytes; ++i) {
     ByteState& s = g_bytes[addr + i];
     s.write_epoch = g_epoch;
+    s.write_release = g_release_epoch;
     s.writer_warp = cur_warp();
     s.writer_tid = cur().tid;
     s.async_write = async;
@@ -263,6 +268,7 @@ inline void syncthreads() {
     g_barrier_arrived = 0;
     ++g_barrier_generation;
     ++g_epoch;
+    ++g_release_epoch;
     for (auto& f : g_fibers) f.blocked = false;
   } else {
     while (g_barrier_generation == gen) yield_blocked();
@@ -404,6 +410,7 @@ inline void run_block(int threads, const std::function<void()>& body) {
   on_block_start(threads);
   g_barrier_arrived = 0;
   g_epoch = 0;
+  g_release_epoch = 0;
   g_error.clear();
   std::memset(g_dyn, 0xff, kMaxSmem);  // NaN in fp16 and bf16: unwritten shared memory shows
   std::fill(g_bytes.begin(), g_bytes.end(), ByteState{});

@@ -105,6 +105,7 @@ std::mt19937 g_tma_rng(99);
 // named, how many phases completed.
 struct NamedBarrier {
   int arrived = 0, threads = 0;
+  bool arrive_only = false;  // a bar.arrive counted in the running phase (named_barrier_count)
   long generation = 0;
   std::vector<int> waiters;
 };
@@ -166,6 +167,7 @@ void complete_tma(TmaCopy& c) {
     if (s.wgmma_readers) fail("a TMA lands on an operand of a wgmma still in flight");
     --s.pending;
     s.write_epoch = g_epoch;
+    s.write_release = g_release_epoch;
     s.writer_warp = -3;
     s.writer_tid = -1;
     s.async_write = false;
@@ -560,7 +562,7 @@ void tma_reduce_add_4d(const CUtensorMap* tmap, uint32_t src, int c0, int c1, in
         ByteState& s = g_bytes[b];
         if (s.pending) fail(std::string(what) + ": reads a cp.async (or TMA) destination still in flight");
         if (s.write_epoch < 0) fail(std::string(what) + ": reads shared memory never written");
-        if (s.write_epoch == g_epoch && s.writer_tid != cur().tid)
+        if (s.write_release == g_release_epoch && s.writer_tid != cur().tid)
           fail(std::string(what) + ": reads data another thread wrote with no barrier in between");
         if (!s.proxy_visible)
           fail(std::string(what) + ": reads data written through the generic proxy without fence.proxy.async by its writer");
@@ -665,12 +667,14 @@ const bool g_mutate_short_named = [] {
   return m != nullptr && std::string(m) == "short_named";
 }();
 // bar.arrive id, threads (the forward's consumer ping-pong, the backward's dQ hand-off): counts the
-// thread into the phase and goes on. PTX's memory model has a bar.arrive synchronize with the bar.sync
-// of its phase, so the arriving threads' earlier accesses are ordered before the waiting threads' later
-// ones: the phase's completion advances g_epoch as a bar.sync's does (weaker than the hardware's one-way
-// order, as above: it also orders the waiters' earlier accesses before the arrivers' later ones). A
-// phase completed by arrivals alone (no thread waiting in it) is a failure: an arrive overran the
-// bar.sync it was meant for (the hardware would start the next phase with the surplus).
+// thread into the phase and goes on. What such a phase orders, here: the arrivers' shared-memory writes
+// (fenced for the async proxy) before a bulk reduce-add the waiters issue after it (g_release_epoch:
+// the backward's dQ buffers), nothing for generic accesses (g_epoch stays). compute-sanitizer's
+// racecheck reported a generic store before a bar.arrive and a generic load after the bar.sync of its
+// phase as a hazard (H200, session 30), so the kernels pass generic data through bar.sync phases only,
+// and a kernel that does otherwise fails here too. A phase completed by arrivals alone (no thread
+// waiting in it) is a failure: an arrive overran the bar.sync it was meant for (the hardware would
+// start the next phase with the surplus).
 // A deliberate bug for the forward emulator's own test: with TILED_ATTN_EMU_MUTATE=drop_arrive every
 // bar.arrive is lost (a ping-pong whose hand-over never reaches the next consumer must deadlock here).
 const bool g_mutate_drop_arrive = [] {
@@ -690,11 +694,14 @@ void named_barrier_count(int id, int threads, bool wait) {
   if (b.arrived && b.threads != threads)
     fail(what + ": threads of one phase name different counts (" + std::to_string(b.threads) + ")");
   b.threads = threads;
+  if (!wait) b.arrive_only = true;
   const long gen = b.generation;
   if (++b.arrived == threads) {
     if (!wait && b.waiters.empty()) fail(what + ": arrivals alone completed the phase (no thread waits in it)");
-    ++g_epoch;
+    if (!b.arrive_only) ++g_epoch;
+    ++g_release_epoch;
     b.arrived = 0;
+    b.arrive_only = false;
     ++b.generation;
     for (int t : b.waiters) g_fibers[t].blocked = false;
     b.waiters.clear();
