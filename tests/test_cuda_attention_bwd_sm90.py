@@ -6,8 +6,7 @@ shared-memory race / proxy checks emulated from the PTX ISA: sm90_emu.h,
 emu_common.h) through its entry attention_bwd_sm90, against a float64 reference of dq (from the
 dq_accum it adds to), dk and dv on ragged sizes, causal offsets (rows with no key), GQA / MQA and a
 negative scale; every dk / dv element written, nothing written outside them. A few seconds per head dim.
-The shipped kernel (the dQ writer warp) and its A/B variants (VARIANTS: without the writer; the dQ
-product in two halves).
+The shipped kernel (the dQ writer warp) and its A/B variant without it (TILED_ATTN_BWD_DQ_WRITER=0).
 The emulator's own test: planted synchronization bugs fail it.
 """
 from __future__ import annotations
@@ -39,15 +38,10 @@ def emulator(tmp_path_factory) -> pathlib.Path:
     return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd"))
 
 
-# The kernel's A/B variants beside the shipped one (BwdTraits): without the dQ writer warp (each
-# consumer issues its own reduce-adds), and with the dQ product in two halves (kDqSplit, not shipped).
-VARIANTS = {"no_writer": "TILED_ATTN_BWD_DQ_WRITER=0", "dq_split": "TILED_ATTN_BWD_DQ_SPLIT=1"}
-
-
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def emulator_variant(request, tmp_path_factory) -> pathlib.Path:
-    return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd_" + request.param),
-                                    defines=(VARIANTS[request.param],))
+@pytest.fixture(scope="module")
+def emulator_no_writer(tmp_path_factory) -> pathlib.Path:
+    return build_attention_emulator("flash_bwd_sm90_emulator", tmp_path_factory.mktemp("emu_bwd_nw"),
+                                    defines=("TILED_ATTN_BWD_DQ_WRITER=0",))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -68,9 +62,10 @@ def test_backward_kernel_in_the_emulator(emulator, head_dim):
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_backward_kernel_variants_in_the_emulator(emulator_variant, head_dim):
-    """The A/B variants kept beside the shipped kernel (VARIANTS), on the same cases."""
-    out = run_attention_emulator(emulator_variant, head_dim, timeout=1200)
+def test_backward_kernel_without_the_dq_writer_in_the_emulator(emulator_no_writer, head_dim):
+    """The A/B variant kept beside the shipped kernel (BwdTraits::kDqWriter false: each consumer
+    issues its own reduce-adds), on the same cases."""
+    out = run_attention_emulator(emulator_no_writer, head_dim, timeout=1200)
     runs = (16 if head_dim == 64 else 8) + 4
     assert re.search(rf"^0 of {runs} cases failed$", out, re.M), out[-3000:]
 

@@ -65,12 +65,8 @@ namespace flash_fwd_sm90 {
 #ifndef TILED_ATTN_BWD_DQ_WRITER
 #define TILED_ATTN_BWD_DQ_WRITER 1
 #endif
-#ifndef TILED_ATTN_BWD_DQ_SPLIT
-#define TILED_ATTN_BWD_DQ_SPLIT 0
-#endif
 
-template <int kHeadDim_, int kBlockM_ = 64, bool kDqWriter_ = TILED_ATTN_BWD_DQ_WRITER,
-          bool kDqSplit_ = TILED_ATTN_BWD_DQ_SPLIT && kDqWriter_ && (kBlockM_ == 128 ? kHeadDim_ : kHeadDim_ / 2) == 64>
+template <int kHeadDim_, int kBlockM_ = 64, bool kDqWriter_ = TILED_ATTN_BWD_DQ_WRITER>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = 128;  // keys per CTA: two consumers of 64 (wgmma's M)
@@ -118,12 +114,6 @@ struct BwdTraits {
   // meets its own 128 threads and issues its reduce itself.
   static constexpr bool kDqWriter = kDqWriter_;
   static constexpr int kHandOffThreads = 128 + kWarpSize;  // a consumer and the writer warp
-  // The dQ product in two commit groups of kDqCols / 2 columns: the first half's stores overlap the
-  // second half's MMA (the wait for dQ held 8.3% of the consumers' stall samples with the writer,
-  // ncu/2026-11-29-h200-s30-bwd-d128-wgmma-dq-writer-stalls.md). Not measured yet: off by default
-  // (-DTILED_ATTN_BWD_DQ_SPLIT=1 builds it where each consumer has 64 dQ columns; emulated).
-  static constexpr bool kDqSplit = kDqSplit_;
-  static constexpr int kDqHalves = kDqSplit ? 2 : 1;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
@@ -133,7 +123,6 @@ struct BwdTraits {
   static_assert(kDqBytes == kConsumers * kDqBoxes * kDqBoxBytes, "dQ's buffer is the consumers' boxes");
   static_assert(kStages >= 2, "one slot loading while one is computed");
   static_assert(kSmemBytes <= kSmemLimit, "the sm90 opt-in shared memory limit");
-  static_assert(!kDqSplit || (kDqWriter && kDqCols == 64 && !kEarly), "halves of 32 columns, stored by the writer path");
   // setmaxnreg moves registers within what the launch gave the CTA (its threads x the per-thread count
   // ptxas allocates under __launch_bounds__(kThreads, 1): 168 at 384 threads), not the whole file: an
   // inc past it waits forever (a hang on the H200, session 30, with 32 + 240).
@@ -306,10 +295,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Column dq_col0 of K: its column block, then (D = 64: 32 columns) 64 bytes into the 128-byte rows;
   // the swizzle applies to the address as a whole, as for the K-major k steps. dS rows dq_row0..: the
   // dS buffer's column block dq_row0 / 64.
-  // (Per dQ half: its first column, dq_col0 + 32h, in place of dq_col0.)
-  auto desc_k_mn_at = [&](int col) {
-    return make_desc_sw128(sK + (col / 64) * Tr::kBlockN * 128 + (col % 64) * 2, Tr::kBlockN * 128, 1024);
-  };
+  const uint64_t desc_k_mn =
+      make_desc_sw128(sK + (dq_col0 / 64) * Tr::kBlockN * 128 + (dq_col0 % 64) * 2, Tr::kBlockN * 128, 1024);
   const uint64_t desc_ds = make_desc_sw128(sDS + (dq_row0 / 64) * Tr::kBlockN * 128, Tr::kBlockN * 128, 1024);
 
   // lse (log2 units; +inf where P must be 0: past Nq, or a row with no visible key) and delta of a
@@ -427,23 +414,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (!Tr::kDqWriter && it > 0 && ct % 128 == 0) bulk_wait_group_read<0>();  // the last tile's dQ boxes were read
     named_barrier_sync(1, Tr::kConsumerThreads);  // both consumers' 64 keys of dS (and the next lse) are in
 
-    // dq[h]: half h's columns dq_col0 + h·kDqCols / kDqHalves.., in the accumulator layout of the
-    // whole (register h·kDqRegs / kDqHalves + i of the whole is register i of half h).
-    constexpr int kHalfRegs = Tr::kDqRegs / Tr::kDqHalves;
-    float dq[Tr::kDqHalves][kHalfRegs];
+    float dq[Tr::kDqRegs];
     wgmma_fence();
 #pragma unroll
-    for (int h = 0; h < Tr::kDqHalves; ++h) {
-      const uint64_t desc_k_mn = desc_k_mn_at(dq_col0 + h * Tr::kDqCols / Tr::kDqHalves);
-#pragma unroll
-      for (int kk = 0; kk < Tr::kDqSteps; ++kk)
-        Wgmma<Tr::kDqCols / Tr::kDqHalves, T>::template ss<1, 1>(
-            dq[h], desc_advance(desc_ds, (it % 2) * Tr::kDsBytes + kk * 16 * 128),
-            desc_advance(desc_k_mn, kk * 16 * 128), kk > 0 ? 1 : 0);
-      wgmma_commit();
-    }
-    wgmma_wait<Tr::kDqHalves - 1>();  // dV, dK and dQ's first half
-    fence_operands(dq[0]);
+    for (int kk = 0; kk < Tr::kDqSteps; ++kk)
+      Wgmma<Tr::kDqCols, T>::template ss<1, 1>(dq, desc_advance(desc_ds, (it % 2) * Tr::kDsBytes + kk * 16 * 128),
+                                              desc_advance(desc_k_mn, kk * 16 * 128), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
     fence_operands(dv);
     fence_operands(dk);
     mbar_arrive(empty(s));  // this thread's reads of Q and dO (slot s) are done
@@ -464,17 +443,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint32_t dq_at = dq_buf + (warp * 16 + g) * 128 + (((t >> 1) ^ g) * 16) + 8 * (t & 1);
       named_barrier_sync(dq_empty(cw), Tr::kHandOffThreads);  // the writer's reduce has read the buffer
 #pragma unroll
-      for (int h = 0; h < Tr::kDqHalves; ++h) {
-        if (h > 0) {
-          wgmma_wait<0>();
-          fence_operands(dq[h]);
-        }
-#pragma unroll
-        for (int i = h * kHalfRegs; i < (h + 1) * kHalfRegs; i += 2) {
-          const int j = i / 4;  // row + 8 for (i / 2) % 2
-          const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes + ((i / 2) % 2) * 8 * 128;
-          st_shared_f32x2(a, dq[h][i - h * kHalfRegs], dq[h][i - h * kHalfRegs + 1]);
-        }
+      for (int i = 0; i < Tr::kDqRegs; i += 2) {
+        const int j = i / 4;  // row + 8 for (i / 2) % 2
+        const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes + ((i / 2) % 2) * 8 * 128;
+        st_shared_f32x2(a, dq[i], dq[i + 1]);
       }
       fence_proxy_async();
       named_barrier_arrive(dq_full(cw), Tr::kHandOffThreads);  // the writer warp takes it from here
@@ -489,11 +461,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint32_t dq_at = dq_buf + r * 128 + (((t >> 1) ^ (r % 8)) * 16);
 #pragma unroll
       for (int j = 0; j < Tr::kDqRegs / 4; ++j) {
-        const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[0][4 * j] : dq[0][4 * j + 2], 1);
-        const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[0][4 * j + 1] : dq[0][4 * j + 3], 1);
+        const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+        const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
         const uint32_t a = (dq_at ^ ((j % 4) * 32)) + (j / 4) * Tr::kDqBoxBytes;
-        if (odd) st_shared_f32x4(a, x, y, dq[0][4 * j + 2], dq[0][4 * j + 3]);
-        else st_shared_f32x4(a, dq[0][4 * j], dq[0][4 * j + 1], x, y);
+        if (odd) st_shared_f32x4(a, x, y, dq[4 * j + 2], dq[4 * j + 3]);
+        else st_shared_f32x4(a, dq[4 * j], dq[4 * j + 1], x, y);
       }
       fence_proxy_async();
       named_barrier_sync(dq_full(cw), 128);  // this consumer's dQ is in its buffer

@@ -80,8 +80,10 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 // bar.arrive: counts this warp's threads into the barrier's phase without waiting for it (the forward's
 // consumer ping-pong: a warpgroup hands the tensor cores on to the next one, whose bar.sync waits; the
-// backward's dQ hand-off). PTX memory model: a bar.arrive synchronizes with the bar.sync that completes
-// its phase, so this thread's earlier shared-memory writes are visible to the threads waiting there.
+// backward's dQ hand-off). The data the backward hands over this way are shared-memory writes fenced
+// for the async proxy and read by a TMA reduce issued after the bar.sync (FA3's pattern); generic data
+// goes through bar.sync phases only: compute-sanitizer's racecheck reported a generic store before a
+// bar.arrive and a generic load after its phase's bar.sync as a hazard (H200, session 30).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
